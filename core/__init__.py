@@ -1,0 +1,37 @@
+"""crossover: run each solver on the backend that is fastest for it here.
+
+The public API lives here; see ``docs/`` for the guide.
+"""
+
+from __future__ import annotations
+
+from core.api import BackendStatus, availability, backends, solve, solvers
+from core.backend import Availability, Backend
+from core.errors import (
+    AutoSelectionError,
+    BackendUnavailableError,
+    CrossoverError,
+    DuplicateSolverError,
+    PluginError,
+    PluginWarning,
+    ProblemError,
+    TaskFailedError,
+    UnknownBackendError,
+    UnknownSolverError,
+    WorkerCrashedError,
+)
+from core.hookspecs import hookimpl
+from core.problem import make_problem
+from core.registry import register, unregister
+from core.result import Plan, Prediction, Result
+from core.solver import SolverSpec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Availability", "AutoSelectionError", "Backend", "BackendStatus", "BackendUnavailableError",
+    "CrossoverError", "DuplicateSolverError", "Plan", "PluginError", "PluginWarning", "Prediction",
+    "ProblemError", "Result", "SolverSpec", "TaskFailedError", "UnknownBackendError",
+    "UnknownSolverError", "WorkerCrashedError", "availability", "backends", "hookimpl",
+    "make_problem", "register", "solve", "solvers", "unregister", "__version__",
+]

@@ -1,0 +1,99 @@
+"""The public entry points: run a solver, list what is registered."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from core.backend import Availability, safe_describe, safe_probe
+from core.errors import AutoSelectionError, BackendUnavailableError, ProblemError, UnknownBackendError
+from core.registry import get_registry, get_solver
+from core.result import Plan, Result, as_arrays
+from core.solver import SolverSpec
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """One row of ``core.backends()``."""
+
+    name: str
+    summary: str
+    available: bool
+    reason: str
+    details: dict[str, Any]
+
+
+def solvers() -> dict[str, SolverSpec]:
+    """Every registered solver, by name."""
+    return dict(sorted(get_registry().solvers.items()))
+
+
+def backends(describe: bool = True) -> dict[str, BackendStatus]:
+    """Every registered backend with whether it runs here, why not, and what it runs on."""
+    rows = {}
+    for name, backend in get_registry().backends.items():
+        availability = safe_probe(backend)
+        details = safe_describe(backend) if describe and availability.available else {}
+        rows[name] = BackendStatus(name, backend.summary, availability.available, availability.reason, details)
+    return rows
+
+
+def availability(name: str) -> Availability:
+    """Whether the named backend runs here (unknown names raise)."""
+    registry = get_registry()
+    if name not in registry.backends:
+        raise UnknownBackendError(f"unknown backend {name!r}; registered backends: {', '.join(registry.backends)}")
+    return safe_probe(registry.backends[name])
+
+
+def find_solver(problem: Any) -> SolverSpec:
+    """The solver registered for this problem's type (the first, if several share it)."""
+    for spec in get_registry().solvers.values():
+        if type(problem) is spec.problem_type:
+            return spec
+    raise ProblemError(f"no registered solver takes a {type(problem).__name__}; "
+                       "pass solver=NAME or register the plugin that defines it")
+
+
+def check_backend(spec: SolverSpec, backend: str) -> None:
+    """Raise a one-line error unless ``spec`` can run on ``backend`` here."""
+    registry = get_registry()
+    if backend not in registry.backends:
+        raise UnknownBackendError(
+            f"unknown backend {backend!r}; registered backends: {', '.join(registry.backends)}")
+    if backend not in spec.implementations:
+        raise UnknownBackendError(
+            f"solver {spec.name!r} has no {backend!r} implementation; it runs on: {', '.join(spec.backends)}")
+    status = safe_probe(registry.backends[backend])
+    if not status.available:
+        raise BackendUnavailableError(f"backend {backend!r} is unavailable here: {status.reason}")
+
+
+def solve(problem: Any, backend: str = "numpy", *, solver: str | None = None) -> Result:
+    """Run ``problem`` on ``backend`` and return the outputs with the measured wall time.
+
+    ``solver`` names the solver when several take the same problem type.
+    The time covers the whole call as the user pays for it: host-to-device
+    transfers and waiting for the GPU included.
+    """
+    spec = get_solver(solver) if solver is not None else find_solver(problem)
+    if not isinstance(problem, spec.problem_type):
+        raise ProblemError(f"solver {spec.name!r} takes a {spec.problem_type.__name__}, "
+                           f"got {type(problem).__name__}")
+    if backend == "auto":
+        raise AutoSelectionError(
+            "backend='auto' needs the cost model, which is not built yet; name a backend: "
+            + ", ".join(b for b in spec.backends if availability_or_false(b)))
+    check_backend(spec, backend)
+    started = time.perf_counter()
+    outputs = as_arrays(spec.implementations[backend](problem))
+    seconds = time.perf_counter() - started
+    plan = Plan(solver=spec.name, backend=backend, reason="named by the caller")
+    return Result(solver=spec.name, backend=backend, seconds=seconds, outputs=outputs, plan=plan,
+                  diagnostics={"problem": type(problem).__name__})
+
+
+def availability_or_false(name: str) -> bool:
+    backend = get_registry().backends.get(name)
+    return backend is not None and safe_probe(backend).available

@@ -1,0 +1,252 @@
+"""The ``process`` backend: one persistent local pool of worker processes.
+
+Why each choice:
+
+- *forkserver* (spawn where unavailable): OpenMP, Numba's thread pool and
+  CUDA are not fork-safe, so workers never fork a threaded parent.
+- *one BLAS and one Numba thread per worker*: N workers times N threads each
+  would oversubscribe the cores and run slower than either alone.
+- *shared memory for large inputs*: pickling a 100 MB array to every task
+  costs more than most tasks do.
+- *a start/finish marker per task in shared memory*: when a worker dies the
+  executor only says "broken pool"; the markers tell which task was running.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import shared_memory
+from typing import Any
+
+import numpy as np
+
+from core.backend import Availability, Backend
+from core.errors import TaskFailedError, WorkerCrashedError
+from core.tasks import TaskFn, task_seeds
+
+_STARTED, _FINISHED = 1, 2
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+
+_executor: ProcessPoolExecutor | None = None
+_executor_workers = 0
+
+
+def default_workers() -> int:
+    """Workers to start: ``CROSSOVER_WORKERS`` if set, else the usable cores."""
+    configured = os.environ.get("CROSSOVER_WORKERS")
+    if configured:
+        return max(1, int(configured))
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no affinity call
+        return os.cpu_count() or 1
+
+
+def start_method() -> str:
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def get_executor(workers: int | None = None) -> ProcessPoolExecutor:
+    """The shared pool, created on first use and rebuilt if the size changes or it broke."""
+    global _executor, _executor_workers
+    workers = workers or default_workers()
+    if _executor is not None and (_executor_workers != workers or _is_broken(_executor)):
+        shutdown()
+    if _executor is None:
+        context = multiprocessing.get_context(start_method())
+        _executor = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker)
+        _executor_workers = workers
+    return _executor
+
+
+def shutdown() -> None:
+    """Stop the pool's workers; the next map starts a fresh pool."""
+    global _executor
+    if _executor is not None:
+        _executor.shutdown(wait=True, cancel_futures=True)
+        _executor = None
+
+
+atexit.register(shutdown)
+
+
+def _is_broken(executor: ProcessPoolExecutor) -> bool:
+    return bool(getattr(executor, "_broken", False))
+
+
+def _init_worker() -> None:
+    """Pin each worker to one BLAS and one Numba thread (see module docstring)."""
+    for variable in _THREAD_VARIABLES:
+        os.environ[variable] = "1"
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)
+    if "numba" in sys.modules:
+        sys.modules["numba"].set_num_threads(1)
+
+
+# -- shared memory -----------------------------------------------------------
+
+ArrayHandle = tuple[str, tuple[int, ...], str]
+
+
+def _share(arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, ArrayHandle], list[shared_memory.SharedMemory]]:
+    handles, blocks = {}, []
+    for name, array in arrays.items():
+        array = np.ascontiguousarray(array)
+        block = shared_memory.SharedMemory(create=True, size=max(array.nbytes, 1))
+        blocks.append(block)
+        np.ndarray(array.shape, array.dtype, buffer=block.buf)[...] = array
+        handles[name] = (block.name, array.shape, array.dtype.str)
+    return handles, blocks
+
+
+def _release(blocks: list[shared_memory.SharedMemory]) -> None:
+    for block in blocks:
+        try:
+            block.close()
+            block.unlink()
+        except (FileNotFoundError, BufferError):
+            pass
+
+
+# A worker keeps its attachments open: a result may still hold a view of the
+# buffer while it is being pickled back, and closing it then would fail.
+_attached: dict[str, shared_memory.SharedMemory] = {}
+
+
+def _attach(handle_name: str) -> shared_memory.SharedMemory:
+    if handle_name not in _attached:
+        if len(_attached) >= 16:
+            for stale in list(_attached)[:8]:
+                try:
+                    _attached.pop(stale).close()
+                except BufferError:
+                    pass
+        _attached[handle_name] = shared_memory.SharedMemory(name=handle_name)
+    return _attached[handle_name]
+
+
+def _views(handles: Mapping[str, ArrayHandle]) -> dict[str, np.ndarray]:
+    views = {}
+    for name, (block_name, shape, dtype) in handles.items():
+        view = np.ndarray(shape, np.dtype(dtype), buffer=_attach(block_name).buf)
+        view.setflags(write=False)
+        views[name] = view
+    return views
+
+
+def _run_task(fn: TaskFn, index: int, task: Any, handles: Mapping[str, ArrayHandle],
+              seed: np.random.SeedSequence | None, marker: str) -> Any:
+    states = np.ndarray((index + 1,), np.int8, buffer=_attach(marker).buf)
+    states[index] = _STARTED
+    result = fn(task, _views(handles), seed)
+    states[index] = _FINISHED
+    return result
+
+
+# -- the map -----------------------------------------------------------------
+
+def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarray] | None = None,
+              seed: int | None = None, workers: int | None = None,
+              labels: Sequence[str] | None = None) -> list[Any]:
+    """Run ``fn(task, shared, seed)`` for every task on the pool; results in task order.
+
+    ``fn`` must be importable (a module-level function). ``shared`` arrays
+    travel once through shared memory and arrive read-only. With ``seed``,
+    task ``i`` gets the ``i``-th child of ``SeedSequence(seed)``, exactly as
+    :func:`core.tasks.run_serially` does. A failing task raises
+    :class:`TaskFailedError`, a worker that dies raises
+    :class:`WorkerCrashedError`; both name the task and keep the results of
+    every task that finished.
+    """
+    tasks = list(tasks)
+    labels = list(labels) if labels is not None else [repr(t)[:60] for t in tasks]
+    handles, blocks = _share(shared or {})
+    marker = shared_memory.SharedMemory(create=True, size=max(len(tasks), 1))
+    states = np.ndarray((len(tasks),), np.int8, buffer=marker.buf)
+    states[:] = 0
+    try:
+        executor = get_executor(workers)
+        seeds = task_seeds(seed, len(tasks))
+        futures = [executor.submit(_run_task, fn, i, task, handles, s, marker.name)
+                   for i, (task, s) in enumerate(zip(tasks, seeds))]
+        wait(futures)
+        results: list[Any] = [None] * len(tasks)
+        crashed, failure = False, None
+        for i, future in enumerate(futures):
+            error = future.exception()
+            if error is None:
+                results[i] = future.result()
+            elif isinstance(error, BrokenProcessPool):
+                crashed = True
+            elif failure is None:
+                failure = (i, error)
+        if crashed:
+            suspects = [i for i in range(len(tasks)) if states[i] == _STARTED]
+            del states
+            shutdown()  # the broken pool is useless; the next map builds a new one
+            raise _crash_error(fn, tasks, labels, suspects, handles, seeds, marker.name, results, workers)
+        if failure is not None:
+            i, error = failure
+            raise TaskFailedError(f"task {i} ({labels[i]}) failed: {type(error).__name__}: {error}",
+                                  i, results) from error
+        return results
+    finally:
+        _release([*blocks, marker])
+
+
+def _crash_error(fn: TaskFn, tasks: list, labels: list[str], suspects: list[int],
+                 handles: Mapping[str, ArrayHandle], seeds: list, marker: str, results: list,
+                 workers: int | None) -> WorkerCrashedError:
+    """Name the task whose worker died, rerunning suspects alone when several were running."""
+    culprits = list(suspects)
+    if len(suspects) > 1:
+        culprits = []
+        for i in suspects:
+            try:
+                results[i] = get_executor(workers).submit(
+                    _run_task, fn, i, tasks[i], handles, seeds[i], marker).result()
+            except BrokenProcessPool:
+                culprits.append(i)
+                shutdown()
+            except Exception:
+                pass  # an ordinary failure is not the crash we are naming
+        culprits = culprits or suspects
+    if not culprits:
+        return WorkerCrashedError("a worker process died before any task started", -1, results)
+    first = culprits[0]
+    who = ", ".join(f"task {i} ({labels[i]})" for i in culprits)
+    return WorkerCrashedError(
+        f"a worker process died while running {who}; the pool was rebuilt and "
+        f"{sum(r is not None for r in results)} finished results were kept", first, results)
+
+
+# -- the backend record -------------------------------------------------------
+
+def _probe() -> Availability:
+    try:
+        import threadpoolctl  # noqa: F401  (needed to pin worker threads)
+    except ImportError:
+        return Availability(False, "threadpoolctl is not installed")
+    return Availability(True)
+
+
+def _describe() -> dict[str, Any]:
+    return {"device": "cpu", "workers": default_workers(), "start_method": start_method(),
+            "threads_per_worker": 1, "cores": os.cpu_count()}
+
+
+BACKEND = Backend(
+    name="process",
+    summary="persistent local process pool for batches of independent tasks",
+    probe=_probe,
+    describe=_describe,
+    simplicity=30,
+)

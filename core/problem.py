@@ -1,0 +1,85 @@
+"""Problem conventions: frozen dataclasses, validated on construction.
+
+A problem type is any frozen dataclass whose ``__post_init__`` validates its
+fields with :mod:`core.validation`. Fields hold numbers, strings and NumPy
+arrays only, never callables, so problems pickle to worker processes and Dask
+clusters. This module turns loose parameters (from the CLI or a sweep) into
+a problem of a given type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from core.errors import ProblemError
+
+
+class UnknownParameterError(ProblemError):
+    """A parameter name that the problem type does not have."""
+
+
+def parameter_types(problem_type: type) -> dict[str, Any]:
+    """Field name -> annotated type of a problem dataclass."""
+    hints = typing.get_type_hints(problem_type)
+    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(problem_type) if f.init}
+
+
+def make_problem(problem_type: type, params: Mapping[str, Any] | None = None, *,
+                 base: Any = None) -> Any:
+    """Build ``problem_type(**params)``, converting strings to each field's type.
+
+    ``base`` is an existing problem whose other fields are kept, so a user can
+    change one knob of a default problem. Unknown names raise
+    :class:`UnknownParameterError` listing the valid ones.
+    """
+    types = parameter_types(problem_type)
+    params = dict(params or {})
+    unknown = sorted(set(params) - set(types))
+    if unknown:
+        raise UnknownParameterError(
+            f"unknown parameter {unknown[0]!r} for {problem_type.__name__}; "
+            f"valid parameters: {', '.join(types)}")
+    values = {name: _convert(name, value, types[name]) for name, value in params.items()}
+    if base is not None:
+        return dataclasses.replace(base, **values)
+    return problem_type(**values)
+
+
+def _convert(name: str, value: Any, annotation: Any) -> Any:
+    """Convert CLI text to the field's scalar type; other values pass through."""
+    if not isinstance(value, str):
+        return value
+    target = _scalar_type(annotation)
+    if target is None or target is str:
+        return None if value.lower() == "none" and _allows_none(annotation) else value
+    if value.lower() == "none" and _allows_none(annotation):
+        return None
+    try:
+        if target is int:
+            # accept "1e6" and "1_000_000" for sizes
+            number = float(value.replace("_", ""))
+            return int(number) if number.is_integer() else number
+        if target is float:
+            return float(value)
+        if target is bool:
+            return {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}[value.lower()]
+    except (ValueError, KeyError):
+        raise ProblemError(f"{name}={value!r} is invalid: must be a {target.__name__}") from None
+    return value
+
+
+def _scalar_type(annotation: Any) -> type | None:
+    if annotation in (int, float, str, bool):
+        return annotation
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    for candidate in (bool, int, float, str):
+        if candidate in args:
+            return candidate
+    return None
+
+
+def _allows_none(annotation: Any) -> bool:
+    return type(None) in typing.get_args(annotation)

@@ -1,0 +1,213 @@
+"""The plugin registry: pluggy, entry points, and defensive loading.
+
+Loading follows xarray's backend entry points: every plugin in the
+``crossover.plugins`` group is tried; one that fails to import, implements
+an unknown hook or returns a broken spec is skipped with a
+:class:`PluginWarning` naming it, and the rest keeps working.
+``CROSSOVER_PLUGINS_STRICT=1`` turns that warning into an error and
+``CROSSOVER_DISABLE_PLUGIN_AUTOLOAD=1`` skips the entry points entirely
+(``core.register`` still works).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+
+import pluggy
+
+from core import hookspecs
+from core.backend import Backend
+from core.backends import builtin_backends
+from core.errors import DuplicateSolverError, PluginError, PluginWarning, UnknownSolverError
+from core.solver import SolverSpec, check_spec
+
+ENTRY_POINT_GROUP = "crossover.plugins"
+
+
+@dataclass
+class PluginInfo:
+    name: str
+    source: str  # "entry point <dist>", "runtime" or "builtin"
+    version: str = ""
+    solvers: list[str] = field(default_factory=list)
+    backends: list[str] = field(default_factory=list)
+    error: str = ""
+
+
+@dataclass
+class Registry:
+    manager: pluggy.PluginManager
+    solvers: dict[str, SolverSpec] = field(default_factory=dict)
+    backends: dict[str, Backend] = field(default_factory=dict)
+    plugins: dict[str, PluginInfo] = field(default_factory=dict)
+    solver_owner: dict[str, str] = field(default_factory=dict)
+
+
+_registry: Registry | None = None
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def strict() -> bool:
+    return _flag("CROSSOVER_PLUGINS_STRICT")
+
+
+def get_registry() -> Registry:
+    """The process-wide registry, built on first use."""
+    global _registry
+    if _registry is None:
+        _registry = _build()
+    return _registry
+
+
+def reset() -> None:
+    """Forget every plugin; the next call rebuilds from entry points (tests use this)."""
+    global _registry
+    _registry = None
+
+
+def _build() -> Registry:
+    manager = pluggy.PluginManager(hookspecs.PROJECT)
+    manager.add_hookspecs(hookspecs)
+    registry = Registry(manager=manager)
+    for backend in builtin_backends():
+        registry.backends[backend.name] = backend
+    registry.plugins["core"] = PluginInfo("core", "builtin", _version("crossover"),
+                                          backends=list(registry.backends))
+    if not _flag("CROSSOVER_DISABLE_PLUGIN_AUTOLOAD"):
+        for entry_point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            dist = entry_point.dist.name if entry_point.dist else "?"
+            version = entry_point.dist.version if entry_point.dist else ""
+            info = PluginInfo(entry_point.name, f"entry point of {dist}", version)
+            try:
+                plugin = entry_point.load()
+            except Exception as exc:
+                _skip(registry, info, f"failed to import ({entry_point.value}): {type(exc).__name__}: {exc}")
+                continue
+            try:
+                _add(registry, plugin, info)
+            except PluginError as exc:
+                _skip(registry, info, str(exc))
+    return registry
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return ""
+
+
+def _skip(registry: Registry, info: PluginInfo, reason: str) -> None:
+    message = f"crossover plugin {info.name!r} ({info.source}) was skipped: {reason}"
+    if strict():
+        raise PluginError(message)
+    info.error = reason
+    registry.plugins[info.name] = info
+    warnings.warn(message, PluginWarning, stacklevel=3)
+
+
+def _add(registry: Registry, plugin: Any, info: PluginInfo) -> None:
+    """Register one plugin all-or-nothing: on any fault the registry is unchanged."""
+    manager = registry.manager
+    if info.name in registry.plugins or manager.has_plugin(info.name):
+        raise PluginError(f"a plugin named {info.name!r} is already registered")
+    try:
+        manager.register(plugin, name=info.name)
+        manager.check_pending()
+    except Exception as exc:  # pluggy.PluginValidationError and friends
+        if manager.is_registered(plugin):
+            manager.unregister(plugin)
+        raise PluginError(f"invalid hook implementation: {exc}") from exc
+    try:
+        solvers, backends = _collect(manager, plugin, info.name)
+        for spec in solvers:
+            owner = registry.solver_owner.get(spec.name)
+            if owner is not None:
+                raise DuplicateSolverError(f"solver {spec.name!r} from plugin {info.name!r} is already "
+                                           f"registered by plugin {owner!r}; solver names must be unique")
+        names = [s.name for s in solvers]
+        if len(set(names)) != len(names):
+            raise DuplicateSolverError(f"plugin {info.name!r} returns solver names more than once: {names}")
+        clash = sorted(set(b.name for b in backends) & set(registry.backends))
+        if clash:
+            raise PluginError(f"plugin {info.name!r} redefines backend {clash[0]!r}")
+    except Exception:
+        manager.unregister(plugin)
+        raise
+    for spec in solvers:
+        registry.solvers[spec.name] = spec
+        registry.solver_owner[spec.name] = info.name
+    for backend in backends:
+        registry.backends[backend.name] = backend
+    info.solvers, info.backends = names, [b.name for b in backends]
+    registry.plugins[info.name] = info
+
+
+def _collect(manager: pluggy.PluginManager, plugin: Any, name: str) -> tuple[list[SolverSpec], list[Backend]]:
+    """Call this plugin's hooks only, so a fault is pinned on the right plugin."""
+    results: dict[str, list] = {"crossover_solvers": [], "crossover_backends": []}
+    for hook_name in results:
+        for impl in getattr(manager.hook, hook_name).get_hookimpls():
+            if impl.plugin is not plugin:
+                continue
+            try:
+                returned = impl.function()
+            except Exception as exc:
+                raise PluginError(f"hook {hook_name} raised {type(exc).__name__}: {exc}") from exc
+            if returned is None:
+                continue
+            if not isinstance(returned, (list, tuple)):
+                raise PluginError(f"hook {hook_name} of plugin {name!r} returned "
+                                  f"{type(returned).__name__}, expected a list")
+            results[hook_name].extend(returned)
+    solvers = [check_spec(spec, name) for spec in results["crossover_solvers"]]
+    backends = []
+    for backend in results["crossover_backends"]:
+        if not isinstance(backend, Backend):
+            raise PluginError(f"plugin {name!r} returned {type(backend).__name__} from "
+                              "crossover_backends, expected core.Backend")
+        backends.append(backend)
+    return solvers, backends
+
+
+def register(plugin: Any, name: str | None = None) -> PluginInfo:
+    """Register a plugin at run time; a fault raises :class:`PluginError` and changes nothing."""
+    registry = get_registry()
+    name = name or getattr(plugin, "__name__", None) or type(plugin).__name__
+    info = PluginInfo(name, "runtime", str(getattr(plugin, "__version__", "")))
+    _add(registry, plugin, info)
+    return info
+
+
+def unregister(name: str) -> None:
+    """Remove a plugin registered at run time, with its solvers and backends."""
+    registry = get_registry()
+    info = registry.plugins.pop(name, None)
+    if info is None:
+        raise PluginError(f"no plugin named {name!r}; registered: {', '.join(registry.plugins)}")
+    for solver in info.solvers:
+        registry.solvers.pop(solver, None)
+        registry.solver_owner.pop(solver, None)
+    for backend in info.backends:
+        registry.backends.pop(backend, None)
+    plugin = registry.manager.get_plugin(name)
+    if plugin is not None:
+        registry.manager.unregister(plugin)
+
+
+def get_solver(name: str) -> SolverSpec:
+    registry = get_registry()
+    try:
+        return registry.solvers[name]
+    except KeyError:
+        known = ", ".join(sorted(registry.solvers)) or "none (is a plugin installed?)"
+        raise UnknownSolverError(f"unknown solver {name!r}; registered solvers: {known}") from None

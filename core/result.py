@@ -1,0 +1,76 @@
+"""What a solve returns (Result) and what auto-selection decided (Plan)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted seconds for one backend, and how far to trust the number.
+
+    ``status`` is ``"calibrated"`` (inside the measured range),
+    ``"extrapolated"`` (outside it) or ``"uncalibrated"`` (no model yet).
+    """
+
+    seconds: float | None
+    status: str
+    one_off_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The backend chosen for one problem, and the working behind the choice."""
+
+    solver: str
+    backend: str
+    reason: str
+    predictions: Mapping[str, Prediction] = field(default_factory=dict)
+    excluded: Mapping[str, str] = field(default_factory=dict)
+    break_even: tuple = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "solver": self.solver,
+            "backend": self.backend,
+            "reason": self.reason,
+            "predictions": {k: vars(v) for k, v in self.predictions.items()},
+            "excluded": dict(self.excluded),
+            "break_even": [dict(b) if isinstance(b, Mapping) else b for b in self.break_even],
+        }
+
+
+@dataclass(frozen=True)
+class Result:
+    """Outputs of one solve as NumPy arrays, with how and how fast it ran."""
+
+    solver: str
+    backend: str
+    seconds: float
+    outputs: Mapping[str, np.ndarray]
+    diagnostics: Mapping[str, Any] = field(default_factory=dict)
+    plan: Plan | None = None
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.outputs[name]
+
+    def save(self, path: str) -> None:
+        """Write the outputs to a compressed ``.npz`` (arrays only, no pickles)."""
+        np.savez_compressed(path, **{k: np.asarray(v) for k, v in self.outputs.items()})
+
+
+def as_arrays(outputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Normalise an implementation's outputs: every value becomes a NumPy array.
+
+    Torch tensors are moved to the host here, once, at the end of a solve.
+    """
+    arrays = {}
+    for name, value in outputs.items():
+        if hasattr(value, "detach") and hasattr(value, "cpu"):
+            value = value.detach().cpu().numpy()
+        arrays[name] = np.asarray(value)
+    return arrays

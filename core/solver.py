@@ -1,0 +1,74 @@
+"""What a solver is: one job, several backend implementations, and its costs.
+
+A plugin returns :class:`SolverSpec` records from its
+``crossover_solvers`` hook. The core never looks inside an implementation;
+it only needs the spec's functions to describe the work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.errors import PluginError
+
+# ``plugin.solver``: the prefix groups a plugin's solvers in tables and reports
+SOLVER_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
+
+Outputs = Mapping[str, Any]
+Implementation = Callable[[Any], Outputs]
+
+
+@dataclass(frozen=True)
+class SolverSpec:
+    """Everything the core needs to run, measure and choose for one solver.
+
+    ``implementations`` maps a backend name to ``fn(problem) -> outputs``
+    (a mapping of names to arrays or numbers). ``features(problem)`` returns
+    the named work measures the cost model is linear in. ``size_axis`` is the
+    problem field that break-even reports are drawn against. ``ladder(quick)``
+    returns calibration problems of growing size. ``memory(problem,
+    backend)`` estimates peak bytes. ``default_problem()`` is what ``crossover
+    demo`` runs, and ``summarize(problem, outputs)`` the one line it prints.
+    """
+
+    name: str
+    problem_type: type
+    implementations: Mapping[str, Implementation]
+    features: Callable[[Any], Mapping[str, float]]
+    size_axis: str
+    ladder: Callable[[bool], list]
+    memory: Callable[[Any, str], float]
+    default_problem: Callable[[], Any]
+    summarize: Callable[[Any, Outputs], str] = field(default=lambda problem, outputs: f"{len(outputs)} outputs")
+    description: str = ""
+    version: str = "0"
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return tuple(self.implementations)
+
+
+def check_spec(spec: object, plugin_name: str) -> SolverSpec:
+    """Reject a malformed spec with a message naming the plugin and the fault."""
+    if not isinstance(spec, SolverSpec):
+        raise PluginError(f"plugin {plugin_name!r} returned {type(spec).__name__}, expected core.SolverSpec")
+    if not SOLVER_NAME.match(spec.name):
+        raise PluginError(f"plugin {plugin_name!r}: solver name {spec.name!r} must look like 'plugin.solver' "
+                          "(lower case, dot-separated)")
+    if not dataclasses.is_dataclass(spec.problem_type):
+        raise PluginError(f"plugin {plugin_name!r}: solver {spec.name!r} problem_type must be a dataclass")
+    if not spec.implementations:
+        raise PluginError(f"plugin {plugin_name!r}: solver {spec.name!r} has no implementations")
+    for backend, fn in spec.implementations.items():
+        if not callable(fn):
+            raise PluginError(f"plugin {plugin_name!r}: solver {spec.name!r} implementation for "
+                              f"{backend!r} is not callable")
+    field_names = {f.name for f in dataclasses.fields(spec.problem_type)}
+    if spec.size_axis not in field_names:
+        raise PluginError(f"plugin {plugin_name!r}: solver {spec.name!r} size_axis {spec.size_axis!r} "
+                          f"is not a field of {spec.problem_type.__name__}")
+    return spec
