@@ -70,7 +70,7 @@ def check_backend(spec: SolverSpec, backend: str) -> None:
         raise BackendUnavailableError(f"backend {backend!r} is unavailable here: {status.reason}")
 
 
-def solve(problem: Any, backend: str = "numpy", *, solver: str | None = None) -> Result:
+def solve(problem: Any, backend: str = "auto", *, solver: str | None = None) -> Result:
     """Run ``problem`` on ``backend`` and return the outputs with the measured wall time.
 
     ``solver`` names the solver when several take the same problem type.

@@ -35,7 +35,8 @@ def check_int(field: str, value: object, *, minimum: int | None = None,
     """An integer (bools refused) within ``[minimum, maximum]``."""
     bounds = _bounds_text(minimum, maximum)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        if isinstance(value, numbers.Real) and float(value).is_integer() and math.isfinite(value):
+        if (not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+                and float(value).is_integer()):
             value = int(value)  # 1e6 typed in a config is meant as an integer
         else:
             raise fail(field, value, f"must be an integer{bounds}")
@@ -89,7 +90,7 @@ def check_array(field: str, value: object, *, ndim: int | None = None,
         bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
         raise fail(field, value, f"must be finite, found {bad} NaN or inf value(s)")
     if nonnegative and np.any(array < 0):
-        raise fail(field, value, f"must be non-negative, minimum is {array.min()!r}")
+        raise fail(field, value, f"must be non-negative, minimum is {float(array.min())!r}")
     array.setflags(write=False)
     return array
 

@@ -1,0 +1,67 @@
+"""The process backend's contract: order, seeds, shared memory, crashes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import process_tasks as pt
+
+from core import TaskFailedError, WorkerCrashedError
+from core.backends import process_pool
+from core.tasks import run_serially
+
+
+def test_results_come_back_in_submission_order():
+    # later tasks finish first, yet results follow the task list
+    tasks = [(i, 0.2 - 0.04 * i) for i in range(5)]
+    assert process_pool.map_tasks(pt.square_after_sleep, tasks, workers=2) == [0, 1, 4, 9, 16]
+
+
+def test_same_seed_same_results_on_one_and_two_workers():
+    tasks = [3, 5, 2, 7, 1, 4]
+    one = process_pool.map_tasks(pt.random_draws, tasks, seed=1234, workers=1)
+    two = process_pool.map_tasks(pt.random_draws, tasks, seed=1234, workers=2)
+    serial = run_serially(pt.random_draws, tasks, seed=1234)
+    assert one == two == serial
+    # and every task got its own stream
+    firsts = [draws[0] for draws in one]
+    assert len(set(firsts)) == len(firsts)
+
+
+def test_crashed_worker_names_the_task_keeps_results_and_pool_recovers():
+    tasks = [(i, 5) for i in range(8)]
+    labels = [f"item-{i}" for i in range(8)]
+    with pytest.raises(WorkerCrashedError, match=r"task 5 \(item-5\)") as caught:
+        process_pool.map_tasks(pt.die_on, tasks, workers=2, labels=labels)
+    assert caught.value.task_index == 5
+    finished = [r for r in caught.value.partial_results if r is not None]
+    assert all(r == caught.value.partial_results.index(r) for r in finished)
+    # the next call works on a rebuilt pool
+    assert process_pool.map_tasks(pt.square_after_sleep, [(3, 0), (4, 0)], workers=2) == [9, 16]
+
+
+def test_failing_task_is_named_and_other_results_kept():
+    with pytest.raises(TaskFailedError, match=r"task 2 .*ValueError: bad value 2") as caught:
+        process_pool.map_tasks(pt.raise_on, [(i, 2) for i in range(4)], workers=2)
+    assert caught.value.partial_results == [0, 1, None, 3]
+    assert not isinstance(caught.value, WorkerCrashedError)
+
+
+def test_shared_inputs_arrive_read_only_through_shared_memory():
+    data = np.arange(1000, dtype=np.float64) * 0.5
+    results = process_pool.map_tasks(pt.read_shared, [0, 10, 999], shared={"data": data}, workers=2)
+    assert [r[0] for r in results] == [0.0, 5.0, 499.5]
+    assert not any(r[1] for r in results)  # writeable flag is off
+    # a view on the shared-memory buffer, not an unpickled copy
+    assert {r[2] for r in results} <= {"mmap", "memoryview"}
+
+
+def test_workers_run_one_blas_and_one_numba_thread():
+    results = process_pool.map_tasks(pt.thread_limits, [0, 1], workers=2)
+    for counts, numba_threads in results:
+        assert all(c == 1 for c in counts)
+        assert numba_threads == "1"
+
+
+def test_empty_task_list():
+    assert process_pool.map_tasks(pt.square_after_sleep, [], workers=1) == []
