@@ -63,7 +63,7 @@ def test_array_validation():
 def test_scalar_helpers():
     assert check_int("n", 3, minimum=1) == 3
     assert check_float("x", 2, minimum=0, strict_minimum=True) == 2.0
-    with pytest.raises(ProblemError, match="x=0.0 is invalid: must be a finite number > 0"):
+    with pytest.raises(ProblemError, match=r"x=0\.0 is invalid: must be a finite number > 0"):
         check_float("x", 0.0, minimum=0, strict_minimum=True)
     with pytest.raises(ProblemError, match="kde='fast' is invalid: must be one of 'binned', 'direct'"):
         check_choice("kde", "fast", ["binned", "direct"])

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import process_tasks as pt
+import pytest
 
 from core import TaskFailedError, WorkerCrashedError
 from core.backends import process_pool
