@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.backend import Availability, safe_describe, safe_probe
-from core.errors import AutoSelectionError, BackendUnavailableError, ProblemError, UnknownBackendError
+from core.errors import BackendUnavailableError, ProblemError, UnknownBackendError
 from core.registry import get_registry, get_solver
 from core.result import Plan, Result, as_arrays
 from core.solver import SolverSpec
@@ -70,30 +70,44 @@ def check_backend(spec: SolverSpec, backend: str) -> None:
         raise BackendUnavailableError(f"backend {backend!r} is unavailable here: {status.reason}")
 
 
-def solve(problem: Any, backend: str = "auto", *, solver: str | None = None) -> Result:
-    """Run ``problem`` on ``backend`` and return the outputs with the measured wall time.
+def run_once(spec: SolverSpec, backend: str, problem: Any) -> tuple[dict, float]:
+    """Run one implementation and time it as the user pays for it.
 
-    ``solver`` names the solver when several take the same problem type.
-    The time covers the whole call as the user pays for it: host-to-device
-    transfers and waiting for the GPU included.
+    The time covers host-to-device transfers and waiting for the GPU, since
+    outputs are moved to NumPy inside the timed region.
     """
+    check_backend(spec, backend)
+    started = time.perf_counter()
+    outputs = as_arrays(spec.implementations[backend](problem))
+    return outputs, time.perf_counter() - started
+
+
+def solve(problem: Any, backend: str = "auto", *, solver: str | None = None, expected_calls: float = 1) -> Result:
+    """Run ``problem`` and return its outputs with the measured wall time.
+
+    ``backend="auto"`` follows :func:`core.plan` (calibrating once if this
+    solver was never calibrated here); a backend name runs there or raises a
+    one-line error saying why it cannot. ``solver`` names the solver when
+    several take the same problem type; ``expected_calls`` spreads unpaid
+    one-off costs (JIT, pool start) over that many calls.
+    """
+    from core import timings
+    from core.calibration import sample_record
+    from core.planning import plan as make_plan
+
     spec = get_solver(solver) if solver is not None else find_solver(problem)
     if not isinstance(problem, spec.problem_type):
         raise ProblemError(f"solver {spec.name!r} takes a {spec.problem_type.__name__}, "
                            f"got {type(problem).__name__}")
     if backend == "auto":
-        raise AutoSelectionError(
-            "backend='auto' needs the cost model, which is not built yet; name a backend: "
-            + ", ".join(b for b in spec.backends if availability_or_false(b)))
-    check_backend(spec, backend)
-    started = time.perf_counter()
-    outputs = as_arrays(spec.implementations[backend](problem))
-    seconds = time.perf_counter() - started
-    plan = Plan(solver=spec.name, backend=backend, reason="named by the caller")
+        plan = make_plan(problem, solver=spec.name, expected_calls=expected_calls, calibrate=True)
+        backend = plan.backend
+    else:
+        plan = Plan(solver=spec.name, backend=backend, reason="named by the caller")
+    was_paid = timings.is_paid(spec, backend)
+    outputs, seconds = run_once(spec, backend, problem)
+    timings.mark_paid(spec, backend)
+    if was_paid:  # a first call includes the one-off cost and would bias the steady-state model
+        timings.record_solve(spec, backend, sample_record(spec, problem, seconds, "solve"))
     return Result(solver=spec.name, backend=backend, seconds=seconds, outputs=outputs, plan=plan,
-                  diagnostics={"problem": type(problem).__name__})
-
-
-def availability_or_false(name: str) -> bool:
-    backend = get_registry().backends.get(name)
-    return backend is not None and safe_probe(backend).available
+                  diagnostics={"problem": type(problem).__name__, "first_call": not was_paid})

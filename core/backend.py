@@ -26,7 +26,8 @@ class Backend:
     ``describe`` reports device, cores, threads and memory for tables and
     the machine fingerprint. ``simplicity`` orders backends for tie-breaks:
     within the cost model's margin the backend with the lower number wins,
-    because it has fewer ways to go wrong.
+    because it has fewer ways to go wrong. ``free_memory`` returns the bytes
+    a problem may use on the backend's device (None: unknown, never excluded).
     """
 
     name: str
@@ -34,6 +35,7 @@ class Backend:
     probe: Callable[[], Availability]
     describe: Callable[[], dict[str, Any]] = field(default=lambda: {})
     simplicity: int = 50
+    free_memory: Callable[[], float | None] = field(default=lambda: None)
 
 
 def safe_probe(backend: Backend) -> Availability:
@@ -54,3 +56,20 @@ def safe_describe(backend: Backend) -> dict[str, Any]:
         return dict(backend.describe())
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def host_free_memory() -> float | None:
+    """Bytes of host memory available to a new allocation (Linux ``MemAvailable``)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import os
+
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None

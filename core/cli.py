@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -147,6 +148,77 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _solver_names(names: Sequence[str]) -> list[str]:
+    return [get_solver(name).name for name in names] if names else sorted(core.solvers())
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from core.calibration import calibrate
+
+    reports = calibrate(_solver_names(args.solvers), quick=not args.full, budget=args.budget,
+                        progress=not args.json)
+    table = Table(title=f"calibration ({'full' if args.full else 'quick'})")
+    for column in ("solver", "backend", "samples", "one-off s", "seconds spent", "stopped because"):
+        table.add_column(column)
+    payload = []
+    for report in reports:
+        for row in report.backends:
+            one_off = "-" if row.one_off_seconds is None else f"{row.one_off_seconds:.3f}"
+            table.add_row(report.solver, row.backend, str(row.samples), one_off, f"{row.seconds_spent:.1f}",
+                          escape(row.stopped))
+        payload.append({"solver": report.solver, "seconds": report.seconds,
+                        "backends": [vars(row) for row in report.backends]})
+    totals = [f"{r.solver}: {r.seconds:.1f} s in all" for r in reports]
+    _emit(args, payload, table, *totals)
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    spec = get_solver(args.solver)
+    problem = make_problem(spec.problem_type, _parse_params(args.param), base=spec.default_problem())
+    decision = core.plan(problem, solver=spec.name, expected_calls=args.calls, calibrate=True)
+    table = Table(title=f"plan for {spec.name} ({spec.size_axis}={getattr(problem, spec.size_axis)})")
+    for column in ("backend", "predicted s", "status", "unpaid one-off s", "verdict"):
+        table.add_column(column)
+    for name, prediction in decision.predictions.items():
+        seconds = "-" if prediction.seconds is None else f"{prediction.seconds:.4g}"
+        verdict = ("[bold green]chosen[/bold green]" if name == decision.backend
+                   else escape(decision.excluded.get(name, "slower")))
+        table.add_row(name, seconds, prediction.status, f"{prediction.one_off_seconds:.3g}", verdict)
+    lines = [f"chosen: {decision.backend} ({decision.reason})"]
+    lines += [f"break-even: {b['below']} -> {b['above']} at {b['axis']} = {b['size']:.4g}" for b in decision.break_even]
+    _emit(args, decision.to_dict(), table, *lines)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from core.calibration import ensure_calibrated
+    from core.report import write_report
+
+    names = _solver_names(args.solvers)
+    for name in names:
+        ensure_calibrated(get_solver(name))
+    paths = write_report(names, args.output)
+    _emit(args, [str(p) for p in paths], None, *[f"wrote {p}" for p in paths])
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from core.evaluation import evaluate
+
+    report = evaluate(get_solver(args.solver).name, quick=not args.full)
+    backends = sorted({b for row in report.rows for b in row.seconds})
+    table = Table(title=f"evaluate {report.solver}: held-out sizes, seconds per solve")
+    for column in ("size", *backends, "chosen", "best", "regret"):
+        table.add_column(column)
+    for row in report.rows:
+        table.add_row(f"{row.size:.4g}", *[f"{row.seconds[b]:.4g}" if b in row.seconds else "-" for b in backends],
+                      row.chosen, row.best, f"{row.regret:.1%}")
+    _emit(args, report.to_dict(), table,
+          f"median regret {report.median_regret:.1%}, maximum regret {report.max_regret:.1%}")
+    return 0
+
+
 # -- parser ---------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -161,18 +233,41 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("demo", parents=[common], help="run every solver's default problem on every backend")
     run = commands.add_parser("run", parents=[common], help="run one solver")
     run.add_argument("solver")
-    run.add_argument("--backend", default="auto", help="backend name (default: auto)")
+    run.add_argument("--backend", default="auto", help="backend name, or auto (default): the cost model picks")
     run.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                      help="set a problem field of the solver's default problem (repeatable)")
     run.add_argument("--save", metavar="FILE.npz", help="write the outputs to a .npz file")
+
+    calibrate = commands.add_parser("calibrate", parents=[common], help="measure solvers on every backend")
+    calibrate.add_argument("solvers", nargs="*", metavar="SOLVER", help="default: every registered solver")
+    mode = calibrate.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="short ladder, 50 s budget per solver (default)")
+    mode.add_argument("--full", action="store_true", help="long ladder, 600 s budget per solver")
+    calibrate.add_argument("--budget", type=float, metavar="SECONDS", help="total seconds per solver")
+
+    plan = commands.add_parser("plan", parents=[common], help="show which backend auto-selection picks and why")
+    plan.add_argument("solver")
+    plan.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
+    plan.add_argument("--calls", type=float, default=1, help="expected calls to spread one-off costs over")
+
+    report = commands.add_parser("report", parents=[common], help="plot the models and break-even sizes")
+    report.add_argument("solvers", nargs="*", metavar="SOLVER")
+    report.add_argument("-o", "--output", default="crossover-report", metavar="DIR")
+
+    evaluate = commands.add_parser("evaluate", parents=[common], help="regret of auto-selection off the ladder")
+    evaluate.add_argument("solver")
+    evaluate.add_argument("--full", action="store_true", help="use the full ladder's held-out sizes")
     return parser
 
 
-COMMANDS = {"backends": cmd_backends, "plugins": cmd_plugins, "run": cmd_run, "demo": cmd_demo}
+COMMANDS = {"backends": cmd_backends, "plugins": cmd_plugins, "run": cmd_run, "demo": cmd_demo,
+            "calibrate": cmd_calibrate, "plan": cmd_plan, "report": cmd_report, "evaluate": cmd_evaluate}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # auto-calibration and similar notices go to stderr, so --json output stays parseable
+    logging.basicConfig(level=logging.WARNING, format="crossover: %(message)s", stream=sys.stderr)
     try:
         return COMMANDS[args.command](args)
     except TaskFailedError as exc:

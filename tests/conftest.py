@@ -29,3 +29,26 @@ def fresh_registry(monkeypatch):
     registry.reset()
     yield
     registry.reset()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def isolated_cache(tmp_path_factory):
+    """Tests never read or write the user's wisdom file."""
+    import os
+
+    from core import timings
+
+    os.environ["CROSSOVER_CACHE_DIR"] = str(tmp_path_factory.mktemp("crossover-cache"))
+    timings.forget()
+    yield
+
+
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    """A private, empty wisdom store for one test."""
+    from core import timings
+
+    monkeypatch.setenv("CROSSOVER_CACHE_DIR", str(tmp_path / "cache"))
+    timings.forget()
+    yield tmp_path / "cache"
+    timings.forget()

@@ -58,7 +58,9 @@ def test_run_with_params_and_save(capsys, tmp_path):
      "n_walkers=-3 is invalid: must be an integer >= 1"),
     (["run", "example.random_walk", "--backend", "numpy", "--param", "n_walkers"],
      "--param 'n_walkers' is invalid: expected KEY=VALUE"),
-    (["run", "example.random_walk"], "backend='auto' needs the cost model"),
+    (["plan", "example.random_walk", "--param", "n_steps=0"], "n_steps=0 is invalid: must be an integer >= 1"),
+    (["evaluate", "nope.solver"], "unknown solver 'nope.solver'"),
+    (["calibrate", "nope.solver"], "unknown solver 'nope.solver'"),
 ])
 def test_user_mistakes_exit_2_with_the_choices(capsys, argv, expected):
     assert main(argv) == 2
@@ -86,3 +88,36 @@ def test_demo_runs_every_available_backend(capsys):
 def test_console_script_is_installed():
     done = subprocess.run([sys.executable, "-m", "core.cli", "--version"], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.startswith("crossover ")
+
+
+@pytest.fixture
+def synthetic_cli(fresh_registry, empty_cache):
+    from test_planning import Synthetic
+
+    import core
+
+    core.register(Synthetic(), name="synthetic")
+
+
+def test_calibrate_plan_report_evaluate(capsys, tmp_path, synthetic_cli):
+    calibration = run_json(capsys, "calibrate", "synthetic.work", "--budget", "20")
+    rows = {row["backend"]: row for row in calibration[0]["backends"]}
+    assert set(rows) == {"serial", "pool", "device"} and all(r["samples"] == 4 for r in rows.values())
+
+    plan = run_json(capsys, "plan", "synthetic.work", "--param", "n=1000")
+    assert plan["backend"] in rows and set(plan["predictions"]) == set(rows)
+
+    paths = run_json(capsys, "report", "synthetic.work", "-o", str(tmp_path / "report"))
+    assert sorted(p.rsplit("/", 1)[1] for p in paths) == ["synthetic.work.md", "synthetic.work.png"]
+    assert (tmp_path / "report" / "synthetic.work.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| backend | intercept s" in (tmp_path / "report" / "synthetic.work.md").read_text()
+
+    evaluation = run_json(capsys, "evaluate", "synthetic.work")
+    assert len(evaluation["rows"]) == 5  # 3 midpoints of a 4-rung ladder, then 2x and 4x its top
+    assert all(row["regret"] >= 0 for row in evaluation["rows"])
+    assert evaluation["median_regret"] >= 0
+
+
+def test_run_auto_uses_the_plan(capsys, synthetic_cli):
+    payload = run_json(capsys, "run", "synthetic.work", "--param", "n=10")
+    assert payload["backend"] in {"serial", "pool", "device"}

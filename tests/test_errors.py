@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import core
-from core import AutoSelectionError, BackendUnavailableError, ProblemError, UnknownBackendError
+from core import BackendUnavailableError, ProblemError, UnknownBackendError
 from core.problem import UnknownParameterError, make_problem
 from core.validation import check_array, check_choice, check_float, check_int
 from plugins.example.problem import RandomWalkProblem
@@ -111,11 +111,6 @@ def test_torch_without_a_device_reports_the_build(monkeypatch):
     assert status == core.Availability(False, "torch 9.9.9+cpu (a CPU-only build) sees no CUDA or MPS device")
     with pytest.raises(BackendUnavailableError, match="sees no CUDA or MPS device"):
         torch_gpu.device()
-
-
-def test_auto_is_refused_until_the_cost_model_exists():
-    with pytest.raises(AutoSelectionError, match=r"backend='auto' needs the cost model.*numpy, numba, process"):
-        core.solve(RandomWalkProblem(n_walkers=10))
 
 
 def test_wrong_problem_for_solver():

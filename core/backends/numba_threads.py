@@ -12,7 +12,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from core.backend import Availability, Backend
+from core.backend import Availability, Backend, host_free_memory
 
 
 def jit(parallel: bool = False, **options: Any) -> Callable:
@@ -51,4 +51,5 @@ BACKEND = Backend(
     probe=_probe,
     describe=_describe,
     simplicity=10,
+    free_memory=host_free_memory,
 )

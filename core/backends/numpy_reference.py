@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from core.backend import Availability, Backend
+from core.backend import Availability, Backend, host_free_memory
 
 
 def _describe() -> dict[str, Any]:
@@ -29,4 +29,5 @@ BACKEND = Backend(
     probe=lambda: Availability(True),
     describe=_describe,
     simplicity=0,
+    free_memory=host_free_memory,
 )

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from core.backend import Availability, Backend
+from core.backend import Availability, Backend, host_free_memory
 from core.errors import TaskFailedError, WorkerCrashedError
 from core.tasks import TaskFn, task_seeds
 
@@ -249,4 +249,5 @@ BACKEND = Backend(
     probe=_probe,
     describe=_describe,
     simplicity=30,
+    free_memory=host_free_memory,
 )

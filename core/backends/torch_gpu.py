@@ -67,10 +67,29 @@ def _describe() -> dict[str, Any]:
     return info
 
 
+def _free_device_memory() -> float | None:
+    torch = _torch()
+    if torch.cuda.is_available():
+        return float(torch.cuda.mem_get_info()[0])
+    return None
+
+
 BACKEND = Backend(
     name="torch",
     summary="PyTorch on a CUDA or MPS GPU",
     probe=_probe,
     describe=_describe,
     simplicity=40,
+    free_memory=_free_device_memory,
 )
+
+
+def gpu_names() -> list[str]:
+    """Names of the visible CUDA devices (for the machine fingerprint); empty without torch."""
+    if importlib.util.find_spec("torch") is None:
+        return []
+    torch = _torch()
+    if torch.cuda.is_available():
+        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    return ["Apple MPS"] if mps is not None and mps.is_available() else []

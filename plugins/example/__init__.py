@@ -6,6 +6,8 @@ tutorial in ``docs/plugins.md``.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from core import SolverSpec, hookimpl
@@ -27,7 +29,17 @@ def _solve_torch(problem: RandomWalkProblem):
 
 
 def _features(problem: RandomWalkProblem) -> dict[str, float]:
-    return {"walker_steps": float(problem.n_walkers * problem.n_steps), "walkers": float(problem.n_walkers)}
+    """Total work, task count, and the work of the longest worker's share of tasks.
+
+    The last one is what a pool of W workers waits for: ceil(chunks / W)
+    chunks in a row. Serial backends' fits simply give it no weight.
+    """
+    from core.backends.process_pool import default_workers
+
+    chunks = len(problem.chunks())
+    span = math.ceil(chunks / default_workers()) * min(problem.chunk, problem.n_walkers) * problem.n_steps
+    return {"walker_steps": float(problem.n_walkers * problem.n_steps), "chunks": float(chunks),
+            "span_walker_steps": float(span)}
 
 
 def _ladder(quick: bool) -> list[RandomWalkProblem]:

@@ -41,13 +41,17 @@ def _walk(n_walkers, n_steps, step_std, drift, key):
         total = 0.0
         step = 0
         while step < n_steps:
-            # Box-Muller: two uniforms give two independent normals
+            # Marsaglia's polar method: two normals per accepted pair, no sin/cos
             state, u1 = _uniform(state)
             state, u2 = _uniform(state)
-            radius = np.sqrt(-2.0 * np.log(u1))
-            total += radius * np.cos(2.0 * np.pi * u2)
+            x, y = 2.0 * u1 - 1.0, 2.0 * u2 - 1.0
+            radius2 = x * x + y * y
+            if radius2 >= 1.0 or radius2 == 0.0:
+                continue
+            factor = np.sqrt(-2.0 * np.log(radius2) / radius2)
+            total += x * factor
             if step + 1 < n_steps:
-                total += radius * np.sin(2.0 * np.pi * u2)
+                total += y * factor
             step += 2
         positions[w] = total * step_std + n_steps * drift
     return positions

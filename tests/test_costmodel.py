@@ -1,0 +1,68 @@
+"""The fit: exact on exact data, robust to one wild sample, honest about its range."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.costmodel import Sample, fit
+from core.planning import choose
+
+SIZES = [1e3, 4e3, 1.6e4, 6.4e4, 2.56e5, 1e6]
+
+
+def serial(n: float) -> float:
+    return 2e-5 + 4e-8 * n
+
+
+def parallel(n: float) -> float:
+    return 5e-3 + 1e-8 * n
+
+
+def samples(cost, sizes=SIZES):
+    return [Sample({"n": n}, cost(n)) for n in sizes]
+
+
+def test_fit_recovers_known_coefficients():
+    model = fit(samples(parallel))
+    assert model.intercept == pytest.approx(5e-3, rel=1e-9)
+    assert model.coefficients == pytest.approx((1e-8,), rel=1e-9)
+    assert model.relative_error < 1e-9 and model.n_rejected == 0
+
+
+def test_coefficients_are_never_negative():
+    # timings that shrink with size would need a negative slope; NNLS clamps it at 0
+    model = fit([Sample({"n": n}, 1.0 / n) for n in SIZES])
+    assert model.intercept >= 0 and all(c >= 0 for c in model.coefficients)
+
+
+def test_relative_weighting_keeps_small_sizes_accurate():
+    model = fit(samples(serial))
+    for n in SIZES:
+        assert model.predict({"n": n})[0] == pytest.approx(serial(n), rel=1e-6)
+
+
+@pytest.mark.parametrize("wild", range(len(SIZES)))
+def test_one_wild_sample_does_not_move_the_decision(wild):
+    clean = {"serial": fit(samples(serial)), "parallel": fit(samples(parallel))}
+    spoiled = samples(parallel)
+    spoiled[wild] = Sample(spoiled[wild].features, spoiled[wild].seconds * 50)
+    dirty = {"serial": clean["serial"], "parallel": fit(spoiled)}
+    assert dirty["parallel"].n_rejected == 1
+    simplicity = {"serial": 0, "parallel": 30}
+    for n in [500, 2e3, 1e4, 1.5e5, 1.7e5, 5e5, 3e6]:
+        costs_clean = {b: m.predict({"n": n})[0] for b, m in clean.items()}
+        costs_dirty = {b: m.predict({"n": n})[0] for b, m in dirty.items()}
+        assert choose(costs_dirty, simplicity) == choose(costs_clean, simplicity)
+
+
+def test_predictions_far_outside_the_fitted_range_are_flagged():
+    model = fit(samples(serial))
+    assert model.predict({"n": 5e5})[1] is False
+    assert model.predict({"n": 1.9e6})[1] is False  # within 2x of the top
+    assert model.predict({"n": 1e8})[1] is True
+    assert model.predict({"n": 10})[1] is True
+
+
+def test_fit_refuses_no_samples():
+    with pytest.raises(ValueError, match="without samples"):
+        fit([Sample({"n": 1.0}, float("nan"))])

@@ -1,0 +1,177 @@
+"""Auto-selection, tested exactly with synthetic backends of known cost."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+
+import numpy as np
+import pytest
+
+import core
+from core import timings
+from core.calibration import sample_record
+from core.validation import check_int
+
+DEVICE_FREE_BYTES = {"value": 1e12}
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkProblem:
+    n: int = 1000
+
+    def __post_init__(self):
+        object.__setattr__(self, "n", check_int("n", self.n, minimum=1))
+
+
+def _echo(problem):
+    return {"n": np.array(problem.n)}
+
+
+# seconds = intercept + slope * n, one-off seconds, simplicity
+KNOWN = {
+    "serial": (1e-5, 1e-7, 0.0, 0),
+    "pool": (1e-2, 1e-8, 0.5, 30),
+    "device": (5e-3, 1e-9, 1.0, 40),
+}
+
+
+def _backend(name):
+    free = (lambda: DEVICE_FREE_BYTES["value"]) if name == "device" else (lambda: None)
+    return core.Backend(name=name, summary="synthetic", probe=lambda: core.Availability(True),
+                        simplicity=KNOWN[name][3], free_memory=free)
+
+
+class Synthetic:
+    @core.hookimpl
+    def crossover_backends(self):
+        return [_backend(name) for name in KNOWN]
+
+    @core.hookimpl
+    def crossover_solvers(self):
+        return [core.SolverSpec(
+            name="synthetic.work", problem_type=WorkProblem,
+            implementations={name: _echo for name in KNOWN},
+            features=lambda p: {"n": float(p.n)}, size_axis="n",
+            ladder=lambda quick: [WorkProblem(n) for n in (10, 1_000, 100_000, 1_000_000)],
+            memory=lambda p, backend: 8.0 * p.n, default_problem=WorkProblem)]
+
+
+@pytest.fixture
+def synthetic(fresh_registry, empty_cache):
+    """The synthetic plugin, with calibration samples of exactly known cost on disk."""
+    core.register(Synthetic(), name="synthetic")
+    spec = core.solvers()["synthetic.work"]
+    for name, (intercept, slope, one_off, _) in KNOWN.items():
+        records = [sample_record(spec, p, intercept + slope * p.n, "calibration") for p in spec.ladder(True)]
+        timings.record_calibration(spec, name, records, one_off, {})
+    DEVICE_FREE_BYTES["value"] = 1e12
+    return spec
+
+
+def test_tiny_problem_goes_to_the_path_without_start_up_cost(synthetic):
+    plan = core.plan(WorkProblem(10), expected_calls=math.inf)
+    assert plan.backend == "serial"
+    assert plan.predictions["serial"].status == "calibrated"
+    assert plan.predictions["serial"].seconds == pytest.approx(1e-5 + 1e-6)
+
+
+def test_large_problem_goes_to_the_parallel_or_gpu_path(synthetic):
+    assert core.plan(WorkProblem(1_000_000), expected_calls=math.inf).backend == "device"
+
+
+def test_memory_exclusion(synthetic):
+    DEVICE_FREE_BYTES["value"] = 1e6  # the problem needs 8 MB
+    plan = core.plan(WorkProblem(1_000_000), expected_calls=math.inf)
+    assert plan.backend == "pool"
+    assert plan.excluded["device"] == "not enough memory: needs 0.01 GiB, 0.00 GiB free"
+
+
+def test_break_even_between_serial_and_pool(synthetic):
+    DEVICE_FREE_BYTES["value"] = 1.0
+    plan = core.plan(WorkProblem(50_000), expected_calls=math.inf)
+    crossing = (1e-2 - 1e-5) / (1e-7 - 1e-8)  # where the two lines meet
+    assert [(b["below"], b["above"]) for b in plan.break_even] == [("serial", "pool")]
+    assert plan.break_even[0]["size"] == pytest.approx(crossing, rel=1e-3)
+
+
+def test_margin_rule_prefers_the_simpler_backend():
+    simplicity = {"numpy": 0, "process": 30}
+    assert core.planning.choose({"numpy": 1.0, "process": 0.97}, simplicity) == "numpy"
+    assert core.planning.choose({"numpy": 1.0, "process": 0.90}, simplicity) == "process"
+    assert core.planning.choose({"numpy": 1.0, "process": 0.97}, simplicity, margin=0.0) == "process"
+
+
+def test_margin_rule_in_a_plan(synthetic):
+    DEVICE_FREE_BYTES["value"] = 1.0
+    # at n = 111_000 pool is 0.1 % faster than serial: inside the margin, serial wins
+    plan = core.plan(WorkProblem(111_500), expected_calls=math.inf)
+    assert plan.backend == "serial" and "simpler" in plan.reason
+
+
+def test_unpaid_one_off_costs_are_charged_once_per_process(synthetic):
+    problem = WorkProblem(1_000_000)
+    first = core.plan(problem)  # device would need its 1 s one-off: serial (0.1 s) is cheaper now
+    assert first.backend == "serial"
+    assert first.predictions["device"].one_off_seconds == 1.0
+    core.solve(problem, backend="device")  # pays the one-off
+    second = core.plan(problem)
+    assert second.backend == "device" and second.predictions["device"].one_off_seconds == 0.0
+    # spreading the pool's one-off over many calls also makes it worth paying
+    assert core.plan(problem, expected_calls=1e6).predictions["pool"].one_off_seconds == 0.5
+
+
+def test_uncalibrated_backend_is_reported_not_chosen(synthetic):
+    class Late:
+        @core.hookimpl
+        def crossover_backends(self):
+            return [core.Backend(name="late", summary="synthetic", probe=lambda: core.Availability(True))]
+
+    core.register(Late(), name="late")
+    spec = core.solvers()["synthetic.work"]
+    patched = dataclasses.replace(spec, implementations={**spec.implementations, "late": _echo})
+    core.registry.get_registry().solvers["synthetic.work"] = patched
+    plan = core.plan(WorkProblem(10))
+    assert plan.predictions["late"].status == "uncalibrated"
+    assert plan.excluded["late"].startswith("uncalibrated")
+
+
+def test_extrapolated_predictions_are_marked(synthetic):
+    plan = core.plan(WorkProblem(10**9), expected_calls=math.inf)
+    assert all(p.status == "extrapolated" for p in plan.predictions.values())
+
+
+def test_solves_add_to_the_history_and_the_model_refits(synthetic):
+    spec = synthetic
+    before = timings.model(spec, "serial")
+    core.solve(WorkProblem(5), backend="serial")  # first call: pays the one-off, not recorded
+    core.solve(WorkProblem(5), backend="serial")
+    core.solve(WorkProblem(5), backend="serial")
+    timings.flush()
+    history = timings.stored()["solvers"]["synthetic.work"]["backends"]["serial"]["history"]
+    assert len(history) == 2 and all(r["source"] == "solve" for r in history)
+    after = timings.model(spec, "serial")
+    assert after is not before and after.n_samples + after.n_rejected == before.n_samples + 1
+
+
+def test_auto_on_an_uncalibrated_solver_calibrates_once_and_logs(fresh_registry, empty_cache, caplog):
+    core.register(Synthetic(), name="synthetic")
+    with caplog.at_level(logging.WARNING, logger="crossover"):
+        result = core.solve(WorkProblem(100))
+    assert "synthetic.work has never been calibrated on this machine" in caplog.text
+    assert result.plan.backend == result.backend
+    assert set(result.plan.predictions) == set(KNOWN)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="crossover"):
+        core.solve(WorkProblem(100))
+    assert "never been calibrated" not in caplog.text
+
+
+def test_no_runnable_backend_is_a_clear_error(synthetic):
+    DEVICE_FREE_BYTES["value"] = 1.0
+    spec = core.solvers()["synthetic.work"]
+    only_device = dataclasses.replace(spec, implementations={"device": _echo})
+    core.registry.get_registry().solvers["synthetic.work"] = only_device
+    with pytest.raises(core.AutoSelectionError, match=r"no backend can run synthetic.work here \(device: not enough"):
+        core.plan(WorkProblem(1000))
