@@ -50,7 +50,7 @@ def availability(name: str) -> Availability:
 def find_solver(problem: Any) -> SolverSpec:
     """The solver registered for this problem's type (the first, if several share it)."""
     for spec in get_registry().solvers.values():
-        if type(problem) is spec.problem_type:
+        if isinstance(problem, spec.problem_type):
             return spec
     raise ProblemError(f"no registered solver takes a {type(problem).__name__}; "
                        "pass solver=NAME or register the plugin that defines it")
@@ -93,13 +93,14 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None, exp
     """
     from core import timings
     from core.calibration import sample_record
-    from core.planning import plan as make_plan
 
     spec = get_solver(solver) if solver is not None else find_solver(problem)
     if not isinstance(problem, spec.problem_type):
         raise ProblemError(f"solver {spec.name!r} takes a {spec.problem_type.__name__}, "
                            f"got {type(problem).__name__}")
     if backend == "auto":
+        from core.planning import plan as make_plan
+
         plan = make_plan(problem, solver=spec.name, expected_calls=expected_calls, calibrate=True)
         backend = plan.backend
     else:

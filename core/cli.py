@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import core
-from core.errors import CrossoverError, TaskFailedError
+from core.errors import CrossoverError, PluginError, TaskFailedError
 from core.problem import make_problem
 from core.registry import get_registry, get_solver
 
@@ -123,6 +123,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for column in ("solver", "backend", "first call s", "repeat s", "answer"):
         table.add_column(column)
     payload = []
+    failed = 0
     statuses = core.backends(describe=False)
     for name, spec in core.solvers().items():
         problem = spec.default_problem()
@@ -136,16 +137,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
             try:
                 first = core.solve(problem, backend=backend, solver=name)
                 repeat = core.solve(problem, backend=backend, solver=name)
-            except CrossoverError as exc:  # one broken pair must not hide the others
-                table.add_row(name, backend, "-", "-", f"[red]failed: {escape(str(exc))}[/red]")
-                payload.append({"solver": name, "backend": backend, "error": str(exc)})
+            except Exception as exc:  # one broken pair must not hide the others
+                failed += 1
+                message = f"{type(exc).__name__}: {exc}"
+                table.add_row(name, backend, "-", "-", f"[red]failed: {escape(message)}[/red]")
+                payload.append({"solver": name, "backend": backend, "error": message})
                 continue
             summary = spec.summarize(problem, repeat.outputs)
             table.add_row(name, backend, f"{first.seconds:.3f}", f"{repeat.seconds:.3f}", escape(summary))
             payload.append({"solver": name, "backend": backend, "first_seconds": first.seconds,
                             "repeat_seconds": repeat.seconds, "summary": summary})
     _emit(args, payload, table)
-    return 0
+    return FAULT if failed else 0
 
 
 def _solver_names(names: Sequence[str]) -> list[str]:
@@ -224,7 +227,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
-    parser = argparse.ArgumentParser(prog="crossover", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="crossover", description="Run each solver on the backend that is measurably fastest for it here.")
     parser.add_argument("--version", action="version", version=f"crossover {core.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -270,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="crossover: %(message)s", stream=sys.stderr)
     try:
         return COMMANDS[args.command](args)
-    except TaskFailedError as exc:
+    except (TaskFailedError, PluginError) as exc:  # faults, not user mistakes
         print(f"crossover: error: {exc}", file=sys.stderr)
         return FAULT
     except CrossoverError as exc:

@@ -21,7 +21,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import nnls
 
 # a prediction whose features are beyond this factor of the fitted range is "extrapolated"
 EXTRAPOLATION_FACTOR = 2.0
@@ -65,6 +64,8 @@ class CostModel:
 
 def _solve(samples: Sequence[Sample], names: Sequence[str]) -> np.ndarray:
     """Weighted NNLS: minimise sum(((X c - t) / t)^2) with c >= 0."""
+    from scipy.optimize import nnls  # imported on first fit: a plain solve should not pay for scipy
+
     seconds = np.array([s.seconds for s in samples])
     design = np.array([[1.0, *(float(s.features.get(n, 0.0)) for n in names)] for s in samples])
     weighted = design / seconds[:, None]

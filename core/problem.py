@@ -59,9 +59,12 @@ def _convert(name: str, value: Any, annotation: Any) -> Any:
         return None
     try:
         if target is int:
-            # accept "1e6" and "1_000_000" for sizes
-            number = float(value.replace("_", ""))
-            return int(number) if number.is_integer() else number
+            text = value.replace("_", "")
+            try:
+                return int(text)  # exact, even beyond 2**53 (seeds)
+            except ValueError:
+                number = float(text)  # accept "1e6" for sizes
+                return int(number) if number.is_integer() else number
         if target is float:
             return float(value)
         if target is bool:

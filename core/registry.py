@@ -107,12 +107,13 @@ def _version(dist: str) -> str:
 
 
 def _skip(registry: Registry, info: PluginInfo, reason: str) -> None:
-    message = f"crossover plugin {info.name!r} ({info.source}) was skipped: {reason}"
     if strict():
-        raise PluginError(message)
+        raise PluginError(f"crossover plugin {info.name!r} ({info.source}) failed to load "
+                          f"(CROSSOVER_PLUGINS_STRICT is set): {reason}")
+    message = f"crossover plugin {info.name!r} ({info.source}) was skipped: {reason}"
     info.error = reason
     registry.plugins[info.name] = info
-    warnings.warn(message, PluginWarning, stacklevel=3)
+    warnings.warn(message, PluginWarning, stacklevel=5)
 
 
 def _add(registry: Registry, plugin: Any, info: PluginInfo) -> None:
@@ -120,6 +121,8 @@ def _add(registry: Registry, plugin: Any, info: PluginInfo) -> None:
     manager = registry.manager
     if info.name in registry.plugins or manager.has_plugin(info.name):
         raise PluginError(f"a plugin named {info.name!r} is already registered")
+    if manager.is_registered(plugin):
+        raise PluginError(f"plugin {info.name!r} is already registered as {manager.get_name(plugin)!r}")
     try:
         manager.register(plugin, name=info.name)
         manager.check_pending()
@@ -189,8 +192,10 @@ def register(plugin: Any, name: str | None = None) -> PluginInfo:
 
 
 def unregister(name: str) -> None:
-    """Remove a plugin registered at run time, with its solvers and backends."""
+    """Remove a plugin with its solvers and backends (core's built-ins cannot be removed)."""
     registry = get_registry()
+    if name == "core":
+        raise PluginError("the built-in backends of 'core' cannot be unregistered")
     info = registry.plugins.pop(name, None)
     if info is None:
         raise PluginError(f"no plugin named {name!r}; registered: {', '.join(registry.plugins)}")

@@ -4,8 +4,9 @@ A solver that splits its work into tasks writes one task function
 ``fn(task, shared, seed) -> result`` and hands it either to
 :func:`run_serially` (the NumPy reference) or to the process backend's
 :func:`~core.backends.process_pool.map_tasks`. Both derive the per-task
-random streams the same way, so the two give bit-identical results whatever
-the number of workers.
+random streams the same way, so every task draws the same numbers whatever
+the number of workers (results are bit-identical unless a task's own
+arithmetic depends on its thread count, as multi-threaded BLAS sums can).
 """
 
 from __future__ import annotations

@@ -127,3 +127,7 @@ def test_wrong_problem_for_solver():
 def test_unknown_solver():
     with pytest.raises(core.UnknownSolverError, match=r"unknown solver 'mfg.nope'; registered solvers: .*example"):
         core.solve(RandomWalkProblem(), backend="numpy", solver="mfg.nope")
+
+
+def test_large_integer_parameters_stay_exact():
+    assert make_problem(RandomWalkProblem, {"seed": "12345678901234567891"}).seed == 12345678901234567891

@@ -158,3 +158,19 @@ def test_third_party_backend(fresh_registry):
     assert not status.available and status.reason == "no card"
     core.unregister("extra")
     assert "fpga" not in core.backends()
+
+
+def test_registering_the_same_plugin_twice_leaves_the_first_intact(fresh_registry):
+    import plugins.example
+
+    core.solvers()
+    with pytest.raises(PluginError, match=r"plugin 'again' is already registered as 'example'"):
+        core.register(plugins.example, name="again")
+    assert get_registry().manager.is_registered(plugins.example)
+    assert "example.random_walk" in core.solvers()
+
+
+def test_core_backends_cannot_be_unregistered(fresh_registry):
+    with pytest.raises(PluginError, match="cannot be unregistered"):
+        core.unregister("core")
+    assert "numpy" in core.backends(describe=False)
