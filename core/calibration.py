@@ -46,10 +46,22 @@ class SolverCalibration:
     backends: list[BackendCalibration] = field(default_factory=list)
 
 
+# sub-millisecond runs jitter by tens of percent, so short samples are repeated
+# until they add up to this many seconds (at most MAX_REPEATS runs)
+MIN_SAMPLE_SECONDS = 0.05
+MAX_REPEATS = 25
+
+
 def measure(spec: SolverSpec, backend: str, problem: Any, repeats: int = 3) -> tuple[float, float]:
-    """(warm-up seconds, median of ``repeats`` timed seconds) for one problem."""
+    """(warm-up seconds, median timed seconds) for one problem.
+
+    At least ``max(3, repeats)`` timed runs; more for short runs, until they
+    add up to ``MIN_SAMPLE_SECONDS``, like ``timeit``'s autorange.
+    """
     warm_up = run_once(spec, backend, problem)[1]
-    timed = [run_once(spec, backend, problem)[1] for _ in range(max(3, repeats))]
+    timed: list[float] = []
+    while len(timed) < max(3, repeats) or (sum(timed) < MIN_SAMPLE_SECONDS and len(timed) < MAX_REPEATS):
+        timed.append(run_once(spec, backend, problem)[1])
     return warm_up, statistics.median(timed)
 
 

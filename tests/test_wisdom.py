@@ -83,3 +83,22 @@ def test_the_store_is_plain_json(empty_cache):
     wisdom.update(lambda data: None)
     text = (empty_cache / "wisdom.json").read_text()
     assert json.loads(text)["format"] == wisdom.FORMAT
+
+
+def test_two_calibrations_at_once_leave_a_usable_file(empty_cache):
+    import os
+
+    command = [sys.executable, "-m", "core.cli", "calibrate", "example.random_walk", "--budget", "1.5", "--json"]
+    env = {**os.environ, "CROSSOVER_CACHE_DIR": str(empty_cache)}
+    procs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE) for _ in range(2)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    for proc in procs:
+        proc.stdout.close()
+    timings.forget()
+    stored = wisdom.load()  # parses, right fingerprint, no warning
+    backends = stored["solvers"]["example.random_walk"]["backends"]
+    assert backends["numpy"]["calibration"]
+    import core
+
+    spec = core.solvers()["example.random_walk"]
+    assert timings.model(spec, "numpy") is not None
