@@ -144,9 +144,11 @@ def ensure_calibrated(spec: SolverSpec) -> None:
 def _progress(enabled: bool, label: str, total: int):
     if not enabled:
         return None, None
+    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    # on stderr, so that tables and --json on stdout stay clean
     bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                   TimeElapsedColumn(), transient=True)
+                   TimeElapsedColumn(), transient=True, console=Console(stderr=True))
     bar.start()
     return bar, bar.add_task(label, total=total)

@@ -102,7 +102,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     spec = get_solver(args.solver)
     problem = make_problem(spec.problem_type, _parse_params(args.param), base=spec.default_problem())
-    result = core.solve(problem, backend=args.backend, solver=spec.name)
+    result = core.solve(problem, backend=args.backend, solver=spec.name, expected_calls=args.calls)
     if args.save:
         result.save(args.save)
     summary = spec.summarize(problem, result.outputs)
@@ -159,7 +159,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from core.calibration import calibrate
 
     reports = calibrate(_solver_names(args.solvers), quick=not args.full, budget=args.budget,
-                        progress=not args.json)
+                        progress=not args.json and sys.stderr.isatty())
     table = Table(title=f"calibration ({'full' if args.full else 'quick'})")
     for column in ("solver", "backend", "samples", "one-off s", "seconds spent", "stopped because"):
         table.add_column(column)
@@ -176,6 +176,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verdict(decision: core.Plan, name: str, calls: float) -> str:
+    """Why a backend was or was not chosen, in a few words."""
+    if name == decision.backend:
+        return "[bold green]chosen[/bold green]"
+    if name in decision.excluded:
+        return escape(decision.excluded[name])
+    mine, chosen = decision.predictions[name], decision.predictions[decision.backend]
+    total = mine.seconds + mine.one_off_seconds / calls
+    if total <= (chosen.seconds + chosen.one_off_seconds / calls):
+        return "as fast within the margin; a simpler backend won"
+    if mine.seconds < chosen.seconds:
+        return "faster once warm, but its unpaid one-off costs more"
+    return "slower"
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     spec = get_solver(args.solver)
     problem = make_problem(spec.problem_type, _parse_params(args.param), base=spec.default_problem())
@@ -185,9 +200,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         table.add_column(column)
     for name, prediction in decision.predictions.items():
         seconds = "-" if prediction.seconds is None else f"{prediction.seconds:.4g}"
-        verdict = ("[bold green]chosen[/bold green]" if name == decision.backend
-                   else escape(decision.excluded.get(name, "slower")))
-        table.add_row(name, seconds, prediction.status, f"{prediction.one_off_seconds:.3g}", verdict)
+        table.add_row(name, seconds, prediction.status, f"{prediction.one_off_seconds:.3g}",
+                      _verdict(decision, name, args.calls))
     lines = [f"chosen: {decision.backend} ({decision.reason})"]
     lines += [f"break-even: {b['below']} -> {b['above']} at {b['axis']} = {b['size']:.4g}" for b in decision.break_even]
     _emit(args, decision.to_dict(), table, *lines)
@@ -241,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                      help="set a problem field of the solver's default problem (repeatable)")
     run.add_argument("--save", metavar="FILE.npz", help="write the outputs to a .npz file")
+    run.add_argument("--calls", type=float, default=1,
+                     help="with auto: expected calls to spread one-off costs (JIT, pool start) over")
 
     calibrate = commands.add_parser("calibrate", parents=[common], help="measure solvers on every backend")
     calibrate.add_argument("solvers", nargs="*", metavar="SOLVER", help="default: every registered solver")

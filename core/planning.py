@@ -102,8 +102,10 @@ def plan(problem: Any, *, solver: str | None = None, expected_calls: float = 1, 
                   f"{costs[chosen]:.3g} s")
     if predictions[chosen].one_off_seconds:
         reason += f", including an unpaid one-off of {predictions[chosen].one_off_seconds:.3g} s"
+    runnable = {b: m for b, m in models.items() if not excluded.get(b, "").startswith("unavailable")}
+    free = {b: registry.backends[b].free_memory() for b in runnable}
     return Plan(solver=spec.name, backend=chosen, reason=reason, predictions=predictions, excluded=excluded,
-                break_even=tuple(break_even(spec, problem, {b: models[b] for b in costs})))
+                break_even=tuple(break_even(spec, problem, runnable, free)))
 
 
 def with_size(spec: SolverSpec, problem: Any, size: float) -> Any | None:
@@ -122,10 +124,15 @@ def size_grid(spec: SolverSpec, points: int = 80) -> np.ndarray:
     return np.geomspace(max(min(sizes) / 2, 1e-12), max(sizes) * 8, points)
 
 
-def curves(spec: SolverSpec, problem: Any, models: Mapping[str, CostModel],
-           grid: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Predicted steady-state seconds of each backend along the primary size axis."""
+def curves(spec: SolverSpec, problem: Any, models: Mapping[str, CostModel], grid: np.ndarray | None = None,
+           free_memory: Mapping[str, float | None] | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Predicted steady-state seconds of each backend along the primary size axis.
+
+    Where ``free_memory`` is given, sizes whose memory estimate does not fit
+    a backend are NaN for it: that backend cannot run there.
+    """
     grid = size_grid(spec) if grid is None else grid
+    free_memory = free_memory or {}
     rows = {name: np.full(len(grid), np.nan) for name in models}
     for i, size in enumerate(grid):
         resized = with_size(spec, problem, size)
@@ -133,33 +140,42 @@ def curves(spec: SolverSpec, problem: Any, models: Mapping[str, CostModel],
             continue
         features = spec.features(resized)
         for name, model in models.items():
+            free = free_memory.get(name)
+            if free is not None and float(spec.memory(resized, name)) > free:
+                continue
             rows[name][i] = model.predict(features)[0]
     return grid, rows
 
 
-def break_even(spec: SolverSpec, problem: Any, models: Mapping[str, CostModel]) -> list[dict[str, Any]]:
+def _fastest(values: dict[str, float]) -> str | None:
+    finite = {name: v for name, v in values.items() if not math.isnan(v)}
+    return min(finite, key=finite.get) if finite else None
+
+
+def break_even(spec: SolverSpec, problem: Any, models: Mapping[str, CostModel],
+               free_memory: Mapping[str, float | None] | None = None) -> list[dict[str, Any]]:
     """Sizes along the primary axis where the fastest backend changes.
 
-    The size is refined by bisection in log space between grid points, so a
-    threshold is located to about 0.1 %, far below the models' own error.
+    Memory limits are applied at each size, so a GPU that cannot hold this
+    problem still shows where it wins on smaller ones. The size is refined by
+    bisection in log space between grid points, to about 1e-6 relative,
+    far below the models' own error.
     """
     if len(models) < 2:
         return []
-    grid, rows = curves(spec, problem, models)
-    names = list(rows)
-    matrix = np.vstack([rows[n] for n in names])
+    grid, rows = curves(spec, problem, models, free_memory=free_memory)
+    winners = [_fastest({n: rows[n][i] for n in rows}) for i in range(len(grid))]
     found = []
     for i in range(len(grid) - 1):
-        if np.isnan(matrix[:, i]).any() or np.isnan(matrix[:, i + 1]).any():
+        below, above = winners[i], winners[i + 1]
+        if below is None or above is None or below == above:
             continue
-        below, above = names[int(np.argmin(matrix[:, i]))], names[int(np.argmin(matrix[:, i + 1]))]
-        if below == above:
-            continue
+        pair = {below: models[below], above: models[above]}
         low, high = math.log(grid[i]), math.log(grid[i + 1])
         for _ in range(30):
             middle = (low + high) / 2
-            _, point = curves(spec, problem, {below: models[below], above: models[above]}, np.array([math.exp(middle)]))
-            if point[below][0] <= point[above][0]:
+            _, point = curves(spec, problem, pair, np.array([math.exp(middle)]), free_memory)
+            if _fastest({n: point[n][0] for n in point}) == below:
                 low = middle
             else:
                 high = middle

@@ -11,6 +11,7 @@ an unknown hook or returns a broken spec is skipped with a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -147,6 +148,9 @@ def _add(registry: Registry, plugin: Any, info: PluginInfo) -> None:
         manager.unregister(plugin)
         raise
     for spec in solvers:
+        if spec.version == "0" and info.version:
+            # the wisdom store keys timings by solver version: default it to the plugin's
+            spec = dataclasses.replace(spec, version=info.version)
         registry.solvers[spec.name] = spec
         registry.solver_owner[spec.name] = info.name
     for backend in backends:

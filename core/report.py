@@ -11,7 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from core import timings, wisdom
+from core.costmodel import EXTRAPOLATION_FACTOR
 from core.planning import break_even, curves
 from core.registry import get_solver
 from core.solver import SolverSpec
@@ -25,6 +28,13 @@ def _measured(spec: SolverSpec, backend: str) -> tuple[list[float], list[float]]
     entry = timings.stored()["solvers"].get(spec.name, {}).get("backends", {}).get(backend, {})
     records = [r for r in entry.get("calibration", []) + entry.get("history", []) if "size" in r]
     return [r["size"] for r in records], [r["seconds"] for r in records]
+
+
+def _free_memory(models: dict[str, Any]) -> dict[str, float | None]:
+    from core.registry import get_registry
+
+    backends = get_registry().backends
+    return {name: backends[name].free_memory() for name in models if name in backends}
 
 
 def machine_line() -> str:
@@ -41,11 +51,18 @@ def plot(spec: SolverSpec, path: Path) -> list[dict[str, Any]]:
 
     models = _calibrated(spec)
     base = spec.default_problem()
-    grid, rows = curves(spec, base, models)
-    thresholds = break_even(spec, base, models)
+    free = _free_memory(models)
+    thresholds = break_even(spec, base, models, free)
+    measured_sizes = [s for name in models for s in _measured(spec, name)[0]]
+    low, high = (min(measured_sizes), max(measured_sizes)) if measured_sizes else (1.0, 10.0)
+    grid, rows = curves(spec, base, models, np.geomspace(low / 2, high * 8, 120), free)
+    trusted = (grid >= low / EXTRAPOLATION_FACTOR) & (grid <= high * EXTRAPOLATION_FACTOR)
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for name, seconds in rows.items():
-        (line,) = axes.plot(grid, seconds, label=f"{name} (model)")
+        (line,) = axes.plot(grid, np.where(trusted, seconds, np.nan), label=f"{name} (model)")
+        # beyond the measured range the model is an extrapolation: dashed
+        axes.plot(grid, np.where(grid >= high * EXTRAPOLATION_FACTOR / 1.1, seconds, np.nan), linestyle="--",
+                  color=line.get_color(), linewidth=1)
         sizes, measured = _measured(spec, name)
         axes.scatter(sizes, measured, color=line.get_color(), s=14, label=f"{name} (measured)")
     for point in thresholds:
@@ -63,8 +80,10 @@ def plot(spec: SolverSpec, path: Path) -> list[dict[str, Any]]:
 
 
 def markdown(spec: SolverSpec, thresholds: list[dict[str, Any]]) -> str:
-    lines = [f"# {spec.name}: measured break-even sizes", "", f"Machine: {machine_line()}.", "",
-             f"Other fields as in the default problem; size axis `{spec.size_axis}`.", ""]
+    lines = [f"# {spec.name}: predicted break-even sizes", "", f"Machine: {machine_line()}.", "",
+             f"Where the fastest backend changes along `{spec.size_axis}`, according to the models fitted "
+             "to this machine's measurements (other fields as in the default problem; dashed curves in "
+             "the plot are extrapolations beyond the measured sizes).", ""]
     if thresholds:
         lines += ["| from | to | above " + spec.size_axis + " |", "| --- | --- | --- |"]
         lines += [f"| {t['below']} | {t['above']} | {t['size']:.4g} |" for t in thresholds]

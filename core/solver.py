@@ -33,6 +33,9 @@ class SolverSpec:
     returns calibration problems of growing size. ``memory(problem,
     backend)`` estimates peak bytes. ``default_problem()`` is what ``crossover
     demo`` runs, and ``summarize(problem, outputs)`` the one line it prints.
+    ``version`` keys this solver's stored timings: change it when the
+    implementations' speed changes; left at "0" it becomes the plugin's
+    distribution version.
     """
 
     name: str

@@ -125,14 +125,45 @@ def record_calibration(spec: SolverSpec, backend: str, records: list[dict[str, A
         slot["calibration"] = records
         slot["calibrated_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         slot["details"] = dict(details)
-        if one_off_seconds is not None:
-            slot["one_off_seconds"] = one_off_seconds
-        slot.setdefault("one_off_seconds", 0.0)
         slot.setdefault("history", [])
+        if one_off_seconds is not None:
+            _add_one_off(slot, one_off_seconds)
+        # never measured (the pair had already run in the calibrating process): unknown, charged as 0
+        slot.setdefault("one_off_seconds", 0.0)
 
     with _lock:
         flush()
         _stored = wisdom.update(change)
+
+
+ONE_OFF_KEEP = 9
+
+
+def _add_one_off(slot: dict[str, Any], seconds: float) -> None:
+    observations = slot.setdefault("one_off_observations", [])
+    observations.append(float(seconds))
+    del observations[:-ONE_OFF_KEEP]
+    slot["one_off_seconds"] = statistics.median(observations)
+
+
+def record_one_off(spec: SolverSpec, backend: str, seconds: float) -> None:
+    """Add an observed one-off cost (a first call's excess over the model) for a calibrated pair.
+
+    The stored one-off is the median of the last few observations, so one
+    cold disk cache or one warm page cache does not set it for good.
+    """
+    global _stored
+
+    def change(data: dict[str, Any]) -> None:
+        entry = data["solvers"].get(spec.name)
+        if entry is not None and entry.get("version") == spec.version and backend in entry["backends"]:
+            _add_one_off(entry["backends"][backend], seconds)
+
+    with _lock:
+        try:
+            _stored = wisdom.update(change)
+        except OSError as exc:
+            warnings.warn(f"could not write the wisdom file: {exc}", wisdom.WisdomWarning, stacklevel=2)
 
 
 def record_solve(spec: SolverSpec, backend: str, record: dict[str, Any]) -> None:

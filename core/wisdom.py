@@ -84,7 +84,16 @@ def fingerprint() -> dict[str, Any]:
         "gpus": _gpu_names(),
         "python": platform.python_version(),
         "versions": {dist: _version(dist) for dist in ("crossover", "numpy", "numba", "torch")},
+        # timings of the parallel backends depend on these as much as on the CPU
+        "process_workers": _process_workers(),
+        "numba_threads": os.environ.get("NUMBA_NUM_THREADS", "default"),
     }
+
+
+def _process_workers() -> int:
+    from core.backends.process_pool import default_workers
+
+    return default_workers()
 
 
 def fingerprint_key(print_: dict[str, Any]) -> str:

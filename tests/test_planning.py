@@ -175,3 +175,25 @@ def test_no_runnable_backend_is_a_clear_error(synthetic):
     core.registry.get_registry().solvers["synthetic.work"] = only_device
     with pytest.raises(core.AutoSelectionError, match=r"no backend can run synthetic.work here \(device: not enough"):
         core.plan(WorkProblem(1000))
+
+
+def test_break_even_applies_memory_limits_size_by_size(synthetic):
+    DEVICE_FREE_BYTES["value"] = 8e5  # the device holds problems up to n = 100_000
+    plan = core.plan(WorkProblem(1_000_000), expected_calls=math.inf)
+    assert plan.backend == "pool" and plan.excluded["device"].startswith("not enough memory")
+    steps = [(b["below"], b["above"]) for b in plan.break_even]
+    # device wins from where its line crosses serial's until it runs out of memory; then serial
+    # is cheapest again until pool's line crosses it
+    assert steps == [("serial", "device"), ("device", "serial"), ("serial", "pool")]
+    sizes = [b["size"] for b in plan.break_even]
+    assert sizes[0] == pytest.approx((5e-3 - 1e-5) / (1e-7 - 1e-9), rel=1e-3)
+    assert sizes[1] == pytest.approx(100_000, rel=1e-3)
+    assert sizes[2] == pytest.approx((1e-2 - 1e-5) / (1e-7 - 1e-8), rel=1e-3)
+
+
+def test_first_calls_update_the_one_off_cost(synthetic):
+    spec = synthetic
+    assert timings.one_off(spec, "serial") == 0.0
+    core.solve(WorkProblem(10), backend="serial")  # instant: observed one-off is about 0
+    entry = timings.stored()["solvers"]["synthetic.work"]["backends"]["serial"]
+    assert len(entry["one_off_observations"]) == 2  # the calibration's and this first call's
