@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,9 +22,10 @@ from rich.markup import escape
 from rich.table import Table
 
 import core
-from core.errors import CrossoverError, PluginError, TaskFailedError
+from core.errors import CrossoverError, PluginError, PluginWarning, TaskFailedError
 from core.problem import make_problem
 from core.registry import get_registry, get_solver
+from core.wisdom import WisdomWarning
 
 USER_ERROR, FAULT = 2, 1
 
@@ -284,10 +286,19 @@ COMMANDS = {"backends": cmd_backends, "plugins": cmd_plugins, "run": cmd_run, "d
             "calibrate": cmd_calibrate, "plan": cmd_plan, "report": cmd_report, "evaluate": cmd_evaluate}
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Our own warnings as one line for people; anything else as Python prints it."""
+    if issubclass(category, (PluginWarning, WisdomWarning)):
+        print(f"crossover: warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # auto-calibration and similar notices go to stderr, so --json output stays parseable
     logging.basicConfig(level=logging.WARNING, format="crossover: %(message)s", stream=sys.stderr)
+    warnings.showwarning = _show_warning
     try:
         return COMMANDS[args.command](args)
     except (TaskFailedError, PluginError) as exc:  # faults, not user mistakes
