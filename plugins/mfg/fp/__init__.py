@@ -1,0 +1,1 @@
+"""Forward Fokker-Planck by Euler-Maruyama particles, on numpy, numba and torch."""

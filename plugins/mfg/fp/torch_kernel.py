@@ -1,0 +1,220 @@
+"""Torch FP solver: particles, random numbers and densities stay on the GPU.
+
+Two paths compute the same thing:
+
+- ``fused`` (CUDA with Triton, binned KDE with a fixed or Scott bandwidth):
+  ONE kernel launch runs every time step. Each program keeps its block of
+  particles in registers for the whole solve, draws its normals with Philox
+  (``tl.randn``), interpolates the drift, wraps or reflects, and deposits
+  the linear-binning mass into one of ``SLOTS`` private copies of the
+  histogram, so a few bins are never hammered by every thread at once.
+- ``eager`` (MPS, no Triton, Silverman bandwidth or direct KDE): the same
+  step as whole-array torch operations, with the histogram scattered into
+  the same slotted buffer.
+
+Either way the host receives only the finished (Nt+1, Nx) density.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from plugins.mfg import kde
+from plugins.mfg.fp.common import cells, drift_table
+
+SLOTS = 128  # private histogram copies per time step
+BLOCK = 1024  # particles per Triton program
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def initial_positions(problem, generator, device):
+    """Draw positions from m0 on the device (same cell rule as the CPU backends)."""
+    torch = _torch()
+    cumulative, left, width = (torch.as_tensor(a, device=device) for a in cells(problem))
+    u = torch.rand(2, problem.N, generator=generator, device=device, dtype=torch.float64)
+    cell = torch.clamp(torch.searchsorted(cumulative, u[0], right=True), max=problem.Nx - 1)
+    positions = left[cell] + width[cell] * u[1]
+    if problem.boundary == "periodic":
+        positions = problem.xmin + torch.remainder(positions - problem.xmin, problem.length)
+    return positions
+
+
+def _fold_targets(problem, half: int):
+    offsets = np.arange(-half, half + 1)
+    return offsets, kde.fold(np.arange(problem.Nx)[:, None] + offsets[None, :], problem.Nx, problem.boundary)
+
+
+def smooth(problem, mass, bandwidths):
+    """Gaussian smoothing of every time step's binned mass at once, on the device.
+
+    Same rule as :func:`plugins.mfg.kde.smoothing_matrix`: kernel sampled on
+    the grid, normalised to sum one, folded at the boundary (mass exact).
+    """
+    torch = _torch()
+    half = max(1, int(math.ceil(kde.TRUNCATION * float(bandwidths.max()) / problem.dx)))  # one sync, at the end
+    offsets, targets = _fold_targets(problem, half)
+    offsets = torch.as_tensor(offsets * problem.dx, device=mass.device, dtype=mass.dtype)
+    kernel = torch.exp(-0.5 * (offsets[None, :] / bandwidths[:, None]) ** 2)
+    kernel = kernel / kernel.sum(dim=1, keepdim=True)
+    contributions = (mass[:, :, None] * kernel[:, None, :]).reshape(mass.shape[0], -1)
+    index = torch.as_tensor(targets.reshape(-1), device=mass.device).expand(mass.shape[0], -1)
+    smoothed = torch.zeros_like(mass).scatter_add_(1, index, contributions)
+    return smoothed / torch.as_tensor(problem.weights(), device=mass.device, dtype=mass.dtype)
+
+
+def _bandwidths(problem, moments):
+    """Scott or fixed bandwidth per time step from (sum, sum of squares), on the device."""
+    torch = _torch()
+    n = problem.N
+    if not isinstance(problem.bandwidth, str):
+        return torch.full((moments.shape[0],), float(problem.bandwidth), dtype=moments.dtype, device=moments.device)
+    variance = torch.clamp(moments[:, 1] - moments[:, 0] ** 2 / n, min=0.0) / max(n - 1, 1)
+    return torch.clamp(torch.sqrt(variance), min=1e-12) * n ** (-0.2)
+
+
+def fused_available(problem, device) -> bool:
+    if device.type != "cuda" or problem.kde != "binned" or problem.bandwidth == "silverman":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def solve_torch(problem, U: np.ndarray | None = None, path: str = "auto") -> dict:
+    from core.backends.torch_gpu import device as gpu_device
+
+    dev = gpu_device()
+    torch = _torch()
+    U = problem.U if U is None else U
+    generator = torch.Generator(device=dev)
+    seed = problem.seed if problem.seed is not None else int(torch.seed() % 2**31)
+    generator.manual_seed(seed)
+    drift = torch.as_tensor(drift_table(problem, U), device=dev, dtype=torch.float32)
+    positions = initial_positions(problem, generator, dev).to(torch.float32)
+    use_fused = fused_available(problem, dev) if path == "auto" else path == "fused"
+    if use_fused:
+        from plugins.mfg.fp.triton_kernel import run_fused
+
+        mass, moments = run_fused(problem, positions, drift, seed)
+        bandwidths = _bandwidths(problem, moments)
+        density = smooth(problem, mass / problem.N, bandwidths)
+    else:
+        mass, bandwidths, direct, moments = _run_eager(problem, positions, drift, generator)
+        density = direct if problem.kde == "direct" else smooth(problem, mass / problem.N, bandwidths)
+    n = problem.N
+    mean = moments[:, 0] / n
+    variance = torch.clamp(moments[:, 1] - moments[:, 0] * mean, min=0.0) / max(n - 1, 1)
+    weights = torch.as_tensor(problem.weights(), device=dev, dtype=torch.float64)
+    return {"M": density, "bandwidth": bandwidths, "mass": density @ weights,
+            "moments": torch.stack([mean, variance], dim=1), "path": np.array("fused" if use_fused else "eager")}
+
+
+def _deposit(problem, positions, histogram, slot_index):
+    """Linear binning into the slotted histogram (Nslots, Nx), float64."""
+    torch = _torch()
+    s = (positions.double() - problem.xmin) / problem.dx
+    left = torch.floor(s)
+    frac = s - left
+    left = left.long()
+    if problem.boundary == "periodic":
+        left = torch.remainder(left, problem.Nx)
+        right = torch.remainder(left + 1, problem.Nx)
+    else:
+        left = torch.clamp(left, 0, problem.Nx - 2)
+        frac = torch.clamp(s - left, 0.0, 1.0)
+        right = left + 1
+    flat = histogram.view(-1)
+    flat.index_add_(0, slot_index * problem.Nx + left, 1.0 - frac)
+    flat.index_add_(0, slot_index * problem.Nx + right, frac)
+
+
+def _step_bandwidth(problem, x, moments_row):
+    """This step's bandwidth as a device scalar: the same rules as kde.bandwidth_from_stats."""
+    torch = _torch()
+    n = problem.N
+    if not isinstance(problem.bandwidth, str):
+        return torch.tensor(float(problem.bandwidth), dtype=torch.float64, device=x.device)
+    std = torch.sqrt(torch.clamp(moments_row[1] - moments_row[0] ** 2 / n, min=0) / max(n - 1, 1))
+    spread = std
+    if problem.bandwidth == "silverman":
+        sample = x[: min(n, 1 << 24)]  # torch.quantile's size limit
+        q = torch.quantile(sample, torch.tensor([0.25, 0.75], device=x.device, dtype=x.dtype))
+        spread = torch.minimum(std, (q[1] - q[0]) / 1.34) * 0.9
+        spread = torch.where(spread > 0, spread, std)
+    return torch.clamp(spread, min=1e-12) * n ** (-0.2)
+
+
+def _direct_density(problem, x, h):
+    """The exact Gaussian sum on the device, in particle chunks to bound memory."""
+    torch = _torch()
+    grid = torch.as_tensor(problem.x, device=x.device, dtype=torch.float64)
+    density = torch.zeros_like(grid)
+    for start in range(0, problem.N, 1 << 20):
+        chunk = x[start:start + (1 << 20)]
+        if problem.boundary == "periodic":
+            # one host sync per step: acceptable on this O(N * Nx) path
+            reach = int(math.ceil(kde.TRUNCATION * float(h) / problem.length))
+            copies = [chunk + k * problem.length for k in range(-reach, reach + 1)]
+        else:
+            copies = [chunk, 2 * problem.xmin - chunk, 2 * problem.xmax - chunk]
+        for copy in copies:
+            density += torch.exp(-0.5 * ((grid[:, None] - copy[None, :]) / h) ** 2).sum(dim=1)
+    return density / (problem.N * h * math.sqrt(2 * math.pi))
+
+
+def _run_eager(problem, positions, drift, generator):
+    torch = _torch()
+    dev = positions.device
+    steps = problem.Nt + 1
+    mass = torch.zeros(steps, problem.Nx, dtype=torch.float64, device=dev)
+    bandwidths = torch.zeros(steps, dtype=torch.float64, device=dev)
+    direct = torch.zeros(steps, problem.Nx, dtype=torch.float64, device=dev) if problem.kde == "direct" else None
+    slot_index = torch.arange(problem.N, device=dev) % SLOTS
+    histogram = torch.zeros(SLOTS, problem.Nx, dtype=torch.float64, device=dev)
+    sums = torch.zeros(steps, 2, dtype=torch.float64, device=dev)
+    noise = problem.sigma * math.sqrt(problem.dt)
+    for n in range(steps):
+        if n > 0:
+            s = (positions - problem.xmin) / problem.dx
+            left = torch.floor(s)
+            frac = s - left
+            left = left.long()
+            if problem.boundary == "periodic":
+                right = torch.remainder(left + 1, problem.Nx)
+                left = torch.remainder(left, problem.Nx)
+            else:
+                left = torch.clamp(left, 0, problem.Nx - 2)
+                frac = torch.clamp(s - left, 0.0, 1.0)
+                right = left + 1
+            row = drift[n - 1]
+            velocity = (1 - frac) * row[left] + frac * row[right]
+            z = torch.randn(problem.N, generator=generator, device=dev, dtype=positions.dtype)
+            positions = _place(problem, positions + velocity * problem.dt + noise * z)
+        x = positions.double()
+        sums[n, 0] = x.sum()
+        sums[n, 1] = (x * x).sum()
+        bandwidths[n] = _step_bandwidth(problem, x, sums[n])
+        if direct is not None:
+            direct[n] = _direct_density(problem, x, bandwidths[n])
+        else:
+            histogram.zero_()
+            _deposit(problem, positions, histogram, slot_index)
+            mass[n] = histogram.sum(dim=0)
+    return mass, bandwidths, direct, sums
+
+
+def _place(problem, positions):
+    torch = _torch()
+    if problem.boundary == "periodic":
+        return problem.xmin + torch.remainder(positions - problem.xmin, problem.length)
+    y = torch.remainder(positions - problem.xmin, 2 * problem.length)
+    return problem.xmin + torch.where(y > problem.length, 2 * problem.length - y, y)

@@ -1,0 +1,299 @@
+"""The MFG problem family: one 1-D model, four problem types.
+
+Conventions (used by every solver and backend):
+
+- The domain is ``[xmin, xmax]`` with ``Nx`` grid points. Periodic: the points
+  are ``xmin + j*dx`` with ``dx = L/Nx`` (``xmax`` is ``xmin`` again);
+  reflecting: ``dx = L/(Nx-1)`` and both walls are grid points.
+- Time runs over ``[0, T]`` in ``Nt`` steps: arrays in time have ``Nt+1`` rows.
+- Diffusion is ``nu = sigma**2/2``; the Hamiltonian is
+  ``H(x, p, m) = lam/2 * p**2 - V(x) - f(m)`` with ``V`` and ``f`` running
+  costs, so the optimal drift is ``alpha = -lam * dU/dx``.
+- Densities integrate to one with :func:`quadrature_weights`.
+- Functions are arrays on the grid or named presets, never callables, so every
+  problem pickles to worker processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.validation import check_array, check_choice, check_float, check_int, check_seed, fail
+
+PRESETS = ("towel_beach", "lq", "crowd")
+CONGESTION = ("none", "linear", "log")
+BOUNDARIES = ("periodic", "reflecting")
+KDE_METHODS = ("binned", "direct")
+BANDWIDTH_RULES = ("scott", "silverman")
+
+
+def _gaussian(x: np.ndarray, centre: float, width: float) -> np.ndarray:
+    return np.exp(-0.5 * ((x - centre) / width) ** 2)
+
+
+def lq_ergodic(sigma: float, lam: float, stiffness: float, coef: float) -> tuple[float, float]:
+    """Curvature ``a`` of the ergodic value ``u = a/2 (x-x0)^2`` and the density's variance.
+
+    With ``V = k/2 (x-x0)^2`` and ``f(m) = c log m`` the stationary system
+    ``-nu u'' + lam/2 u'^2 - V - c log m = -rho``, ``m ~ exp(-lam u / nu)``
+    gives ``lam a^2 + (c lam / nu) a - k = 0`` (docs/mfg.md derives it), and
+    ``m`` is Gaussian with variance ``nu / (lam a)``.
+    """
+    nu = sigma**2 / 2
+    b = coef * lam / nu
+    a = (-b + math.sqrt(b * b + 4 * lam * stiffness)) / (2 * lam)
+    return a, nu / (lam * a)
+
+
+LQ_STIFFNESS = 4.0  # k in V = k/2 (x - x0)^2 for the lq preset
+
+
+def preset_defaults(name: str) -> dict:
+    """Scalar defaults of a preset (fields the user leaves as None take these)."""
+    if name == "towel_beach":
+        # MFG_PDE's parameters: sigma = 1 and control-cost coefficient 0.5
+        return {"xmin": 0.0, "xmax": 1.0, "sigma": 1.0, "lam": 0.5, "congestion": "log", "congestion_coef": 1.0,
+                "boundary": "periodic"}
+    if name == "lq":
+        return {"xmin": -1.5, "xmax": 1.5, "sigma": 0.5, "lam": 1.0, "congestion": "log", "congestion_coef": 0.2,
+                "boundary": "reflecting"}
+    return {"xmin": 0.0, "xmax": 1.0, "sigma": 0.3, "lam": 1.0, "congestion": "linear", "congestion_coef": 2.0,
+            "boundary": "reflecting"}  # crowd
+
+
+def preset_functions(name: str, x: np.ndarray) -> dict[str, np.ndarray]:
+    """V, g and m0 of a preset on the grid ``x``."""
+    if name == "towel_beach":
+        # MFG_PDE's towel-on-the-beach potential; the crowd starts in the middle
+        v = 50 * (0.1 * np.cos(2 * np.pi * x) + np.cos(4 * np.pi * x) + 0.1 * np.sin(2 * np.pi * (x - np.pi / 8)))
+        return {"V": v, "g": np.zeros_like(x), "m0": _gaussian(x, 0.5, 0.1)}
+    if name == "lq":
+        # quadratic cost around 0; the crowd starts off-centre and relaxes to the ergodic Gaussian
+        return {"V": 0.5 * LQ_STIFFNESS * x**2, "g": np.zeros_like(x), "m0": _gaussian(x, 0.6, 0.2)}
+    # crowd: agents pay to stand away from the exit at x = 1 and pay for company
+    return {"V": 5.0 * (1 - x) ** 2, "g": 10.0 * (1 - x) ** 2, "m0": _gaussian(x, 0.3, 0.12)}
+
+
+@dataclass(frozen=True)
+class MFGModel:
+    """The fields every MFG problem shares. Not a problem type itself.
+
+    Scalars left as ``None`` and arrays left as ``None`` take the preset's
+    values; anything given overrides the preset.
+    """
+
+    preset: str = "towel_beach"
+    xmin: float | None = None
+    xmax: float | None = None
+    Nx: int = 51
+    T: float = 1.0
+    Nt: int = 50
+    sigma: float | None = None
+    lam: float | None = None
+    congestion: str | None = None
+    congestion_coef: float | None = None
+    boundary: str | None = None
+    N: int = 10_000
+    seed: int | None = 0
+    kde: str = "binned"
+    bandwidth: float | str = "scott"
+    V: np.ndarray | None = None
+    g: np.ndarray | None = None
+    m0: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "preset", check_choice("preset", self.preset, PRESETS))
+        for name, value in preset_defaults(self.preset).items():
+            if getattr(self, name) is None:
+                set_(self, name, value)
+        set_(self, "xmin", check_float("xmin", self.xmin))
+        set_(self, "xmax", check_float("xmax", self.xmax))
+        if self.xmax <= self.xmin:
+            raise fail("xmax", self.xmax, f"must be greater than xmin={self.xmin:g}")
+        set_(self, "Nx", check_int("Nx", self.Nx, minimum=3, maximum=1_000_000))
+        set_(self, "T", check_float("T", self.T, minimum=0, strict_minimum=True))
+        set_(self, "Nt", check_int("Nt", self.Nt, minimum=1, maximum=10_000_000))
+        set_(self, "sigma", check_float("sigma", self.sigma, minimum=0))
+        set_(self, "lam", check_float("lam", self.lam, minimum=0))
+        set_(self, "congestion", check_choice("congestion", self.congestion, CONGESTION))
+        set_(self, "congestion_coef", check_float("congestion_coef", self.congestion_coef, minimum=0))
+        set_(self, "boundary", check_choice("boundary", self.boundary, BOUNDARIES))
+        set_(self, "N", check_int("N", self.N, minimum=1))
+        set_(self, "seed", check_seed("seed", self.seed))
+        set_(self, "kde", check_choice("kde", self.kde, KDE_METHODS))
+        if isinstance(self.bandwidth, str):
+            set_(self, "bandwidth", check_choice("bandwidth", self.bandwidth, BANDWIDTH_RULES))
+        else:
+            set_(self, "bandwidth", check_float("bandwidth", self.bandwidth, minimum=0, strict_minimum=True))
+        x = self.x
+        defaults = preset_functions(self.preset, x)
+        for name in ("V", "g"):
+            value = defaults[name] if getattr(self, name) is None else getattr(self, name)
+            set_(self, name, check_array(name, value, shape=(self.Nx,)))
+        m0 = defaults["m0"] if self.m0 is None else self.m0
+        set_(self, "m0", normalised_density("m0", m0, self))
+
+    # -- the grid ------------------------------------------------------------
+    @property
+    def length(self) -> float:
+        return self.xmax - self.xmin
+
+    @property
+    def dx(self) -> float:
+        return self.length / (self.Nx if self.boundary == "periodic" else self.Nx - 1)
+
+    @property
+    def dt(self) -> float:
+        return self.T / self.Nt
+
+    @property
+    def nu(self) -> float:
+        return 0.5 * self.sigma**2
+
+    @property
+    def x(self) -> np.ndarray:
+        return self.xmin + self.dx * np.arange(self.Nx)
+
+    @property
+    def t(self) -> np.ndarray:
+        return self.dt * np.arange(self.Nt + 1)
+
+    def weights(self) -> np.ndarray:
+        return quadrature_weights(self.Nx, self.dx, self.boundary)
+
+    def congestion_cost(self, m: np.ndarray) -> np.ndarray:
+        """f(m): the running cost of crowding (log uses a floor so empty cells stay finite)."""
+        if self.congestion == "none":
+            return np.zeros_like(m)
+        if self.congestion == "linear":
+            return self.congestion_coef * m
+        return self.congestion_coef * np.log(np.maximum(m, LOG_FLOOR))
+
+    def model_fields(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(MFGModel)}
+
+
+LOG_FLOOR = 1e-8
+
+
+def quadrature_weights(nx: int, dx: float, boundary: str) -> np.ndarray:
+    """Weights w with sum(w * m) = integral of m: cells of dx; half cells at reflecting walls."""
+    w = np.full(nx, dx)
+    if boundary == "reflecting":
+        w[0] = w[-1] = dx / 2
+    return w
+
+
+def normalised_density(field: str, value, model: MFGModel) -> np.ndarray:
+    """A non-negative, finite density of the grid's length, scaled to unit mass."""
+    density = check_array(field, value, shape=(model.Nx,), nonnegative=True)
+    mass = float(np.sum(density * model.weights()))
+    if not mass > 0:
+        raise fail(field, value, "must have positive mass to be normalised (all zeros)")
+    normalised = density / mass
+    normalised.setflags(write=False)
+    return normalised
+
+
+def check_space_time(field: str, value, model: MFGModel, *, nonnegative: bool = False) -> np.ndarray:
+    """An array on the space-time grid: shape (Nt+1, Nx)."""
+    return check_array(field, value, shape=(model.Nt + 1, model.Nx), nonnegative=nonnegative)
+
+
+@dataclass(frozen=True)
+class FPProblem(MFGModel):
+    """Forward Fokker-Planck by particles, given the value function ``U`` (Nt+1, Nx).
+
+    ``U`` defaults to zero: free diffusion from ``m0`` (the fixed point and
+    common noise pass the HJB solution).
+    """
+
+    U: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        u = np.zeros((self.Nt + 1, self.Nx)) if self.U is None else self.U
+        object.__setattr__(self, "U", check_space_time("U", u, self))
+
+
+@dataclass(frozen=True)
+class HJBProblem(MFGModel):
+    """Backward HJB by implicit finite differences, given the density ``M`` (Nt+1, Nx).
+
+    ``M`` defaults to ``m0`` at every time. ``V`` may also be given per time
+    step as ``V_t`` (Nt+1, Nx), which common noise uses to shift the potential.
+    """
+
+    M: np.ndarray | None = None
+    V_t: np.ndarray | None = None
+    newton_tol: float = 1e-10
+    newton_max: int = 30
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        m = np.tile(self.m0, (self.Nt + 1, 1)) if self.M is None else self.M
+        object.__setattr__(self, "M", check_space_time("M", m, self, nonnegative=True))
+        if self.V_t is not None:
+            object.__setattr__(self, "V_t", check_space_time("V_t", self.V_t, self))
+        object.__setattr__(self, "newton_tol", check_float("newton_tol", self.newton_tol, minimum=0,
+                                                           strict_minimum=True))
+        object.__setattr__(self, "newton_max", check_int("newton_max", self.newton_max, minimum=1))
+
+    def potential(self) -> np.ndarray:
+        """V on the space-time grid (Nt+1, Nx)."""
+        return np.tile(self.V, (self.Nt + 1, 1)) if self.V_t is None else self.V_t
+
+
+@dataclass(frozen=True)
+class MFGProblem(MFGModel):
+    """The coupled MFG: damped Picard iteration between HJB and FP.
+
+    ``damping_U`` and ``damping_M`` are the weights of the new iterate;
+    convergence needs both the relative and the absolute L2 change of U and M
+    below ``rtol`` and ``atol``.
+    """
+
+    damping_U: float = 0.5
+    damping_M: float = 0.5
+    max_iter: int = 60
+    rtol: float = 1e-3
+    atol: float = 1e-4
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("damping_U", "damping_M"):
+            object.__setattr__(self, name, check_float(name, getattr(self, name), minimum=0, strict_minimum=True,
+                                                       maximum=1))
+        object.__setattr__(self, "max_iter", check_int("max_iter", self.max_iter, minimum=1))
+        object.__setattr__(self, "rtol", check_float("rtol", self.rtol, minimum=0))
+        object.__setattr__(self, "atol", check_float("atol", self.atol, minimum=0))
+
+
+@dataclass(frozen=True)
+class CommonNoiseProblem(MFGProblem):
+    """K conditional MFG solves along Ornstein-Uhlenbeck common-noise paths.
+
+    The path ``theta(t)`` (``d theta = -kappa theta dt + noise dW``, theta(0)=0)
+    shifts the potential: ``V(t, x) = V(x - theta(t))``, periodic or clamped
+    at the walls. ``quantiles`` summarise U and M across paths.
+    """
+
+    K: int = 16
+    kappa: float = 1.0
+    noise: float = 0.1
+    quantiles: tuple = (0.05, 0.5, 0.95)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "K", check_int("K", self.K, minimum=1))
+        object.__setattr__(self, "kappa", check_float("kappa", self.kappa, minimum=0))
+        object.__setattr__(self, "noise", check_float("noise", self.noise, minimum=0))
+        q = check_array("quantiles", self.quantiles, ndim=1)
+        if q.size == 0 or np.any((q < 0) | (q > 1)):
+            raise fail("quantiles", self.quantiles, "must be numbers in [0, 1]")
+        object.__setattr__(self, "quantiles", tuple(float(v) for v in q))

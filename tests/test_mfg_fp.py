@@ -1,0 +1,173 @@
+"""FP particles against independent truths: conservation, OU moments, the heat kernel.
+
+Noise bounds: a KDE of N particles with bandwidth h has pointwise standard
+deviation about sqrt(m(x) R(K) / (N h)) with R(K) = 1/(2 sqrt(pi)) for the
+Gaussian kernel; the L1 distance between two independent estimates is
+about sqrt(2/pi) * sqrt(2) * integral of that. Tests allow 4x.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import core
+from plugins.mfg import kde
+from plugins.mfg.fp.numba_kernel import solve_numba
+from plugins.mfg.fp.reference import solve_numpy
+from plugins.mfg.problem import FPProblem
+
+CPU_SOLVERS = {"numpy": solve_numpy, "numba": solve_numba}
+
+
+def noise_l1(m: np.ndarray, h: float, n: int, weights: np.ndarray, independent: int = 2) -> float:
+    """Expected L1 distance between `independent` KDE noises (2: two estimates; 1: estimate vs truth)."""
+    sd = np.sqrt(np.maximum(m, 0) / (2 * math.sqrt(math.pi) * n * h))
+    return float(math.sqrt(2 / math.pi) * math.sqrt(independent) * np.sum(sd * weights))
+
+
+@pytest.mark.parametrize("boundary", ["periodic", "reflecting"])
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_binned_kde_conserves_mass(boundary, backend):
+    p = FPProblem(N=5_000, Nx=41, Nt=10, boundary=boundary, bandwidth=0.3)  # wide kernel: heavy folding
+    out = CPU_SOLVERS[backend](p)
+    assert np.max(np.abs(out["mass"] - 1)) < 1e-12
+
+
+def test_smoothing_matrix_columns_sum_to_one():
+    for boundary in ("periodic", "reflecting"):
+        for h in (0.001, 0.05, 2.0):
+            s = kde.smoothing_matrix(h, 0.02, 51, boundary)
+            assert np.allclose(s.sum(axis=0), 1.0, atol=1e-14)
+
+
+def ou_problem(n: int) -> tuple[FPProblem, float, float, float]:
+    k, c, lam, sigma = 1.0, 0.2, 1.0, 0.4
+    base = FPProblem(preset="lq", N=n, Nx=121, Nt=200, T=1.0, sigma=sigma, lam=lam,
+                     m0=np.exp(-0.5 * ((np.linspace(-1.5, 1.5, 121) + 0.3) / 0.15) ** 2))
+    U = np.tile(k * (base.x - c) ** 2, (base.Nt + 1, 1))
+    return FPProblem(**{**base.model_fields(), "U": U}), 2 * lam * k, c, sigma
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_ornstein_uhlenbeck_mean_and_variance(backend):
+    """U = k (x-c)^2 makes dX = -theta (X - c) dt + sigma dW with theta = 2 lam k."""
+    p, theta, c, sigma = ou_problem(40_000)
+    out = CPU_SOLVERS[backend](p)
+    # the initial law: m0 on cells, so take its moments from the first step's particles' law
+    mean0 = float(np.sum(p.x * p.m0 * p.weights()))
+    var0 = float(np.sum((p.x - mean0) ** 2 * p.m0 * p.weights())) + p.dx**2 / 12  # cell sampling adds dx^2/12
+    decay = math.exp(-theta * p.T)
+    mean_t = c + (mean0 - c) * decay
+    var_t = var0 * decay**2 + sigma**2 / (2 * theta) * (1 - decay**2)
+    mean, var = out["moments"][-1]
+    n = p.N
+    assert abs(mean - mean_t) < 4 * math.sqrt(var_t / n)
+    assert abs(var - var_t) < 4 * var_t * math.sqrt(2 / (n - 1)) + 2e-4  # + Euler-Maruyama bias at dt = 1/200
+
+
+def heat_kernel_expectation(p: FPProblem, h: float) -> np.ndarray:
+    """E[binned KDE] for pure diffusion on the circle, by quadrature (independent of the solver).
+
+    Particles start uniform in the cell around each node with probability
+    m0_j * dx; after time T they are spread by the wrapped Gaussian of
+    variance sigma^2 T. Linear binning takes the expectation of the hat
+    functions; the shared smoothing matrix then applies the kernel.
+    """
+    sub = 40
+    fine = p.xmin - p.dx / 2 + (np.arange(p.Nx * sub) + 0.5) * (p.dx / sub)
+    start = np.repeat(p.m0, sub)  # piecewise-constant initial density on the fine grid
+    s2 = p.sigma**2 * p.T
+    offsets = fine[:, None] - fine[None, :]
+    kernel = sum(np.exp(-0.5 * (offsets + k * p.length) ** 2 / s2) for k in range(-3, 4)) / math.sqrt(2 * math.pi * s2)
+    final = kernel @ (start * p.dx / sub)
+    hats = np.zeros(p.Nx)
+    position = (fine - p.xmin) / p.dx
+    left = np.floor(position).astype(int)
+    frac = position - left
+    np.add.at(hats, np.mod(left, p.Nx), final * (1 - frac) * p.dx / sub)
+    np.add.at(hats, np.mod(left + 1, p.Nx), final * frac * p.dx / sub)
+    return kde.smoothing_matrix(h, p.dx, p.Nx, "periodic") @ hats / p.weights()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_pure_diffusion_matches_the_wrapped_heat_kernel(backend):
+    p = FPProblem(preset="towel_beach", N=100_000, Nx=50, Nt=40, T=0.05, sigma=1.0, bandwidth=0.02,
+                  m0=np.exp(-0.5 * ((np.arange(50) / 50 - 0.5) / 0.05) ** 2))
+    out = CPU_SOLVERS[backend](p)
+    expected = heat_kernel_expectation(p, 0.02)
+    l1 = float(np.sum(np.abs(out["M"][-1] - expected) * p.weights()))
+    assert l1 < 4 * noise_l1(expected, 0.02, p.N, p.weights(), independent=1) + 0.01  # + EM / interpolation
+
+
+@pytest.mark.parametrize("boundary", ["periodic", "reflecting"])
+def test_numba_agrees_with_numpy_in_distribution(boundary):
+    base = FPProblem(N=60_000, Nx=51, Nt=30, boundary=boundary)
+    U = 0.2 * np.outer(base.T - base.t, np.cos(2 * np.pi * base.x))
+    p = FPProblem(**{**base.model_fields(), "U": U})
+    a, b = solve_numpy(p), solve_numba(p)
+    for n in (0, p.Nt // 2, p.Nt):
+        l1 = float(np.sum(np.abs(a["M"][n] - b["M"][n]) * p.weights()))
+        assert l1 < 4 * noise_l1(a["M"][n], a["bandwidth"][n], p.N, p.weights())
+
+
+def test_direct_kde_reference_matches_the_exact_sum():
+    """The scipy pipeline (numpy, kde=direct) equals the float64 Gaussian sum with images."""
+    from plugins.mfg.fp.reference import scipy_density
+
+    rng = np.random.default_rng(3)
+    for boundary in ("periodic", "reflecting"):
+        p = FPProblem(N=2_000, Nx=31, Nt=1, boundary=boundary, kde="direct")
+        x = p.xmin + p.length * rng.random(p.N)
+        exact = kde.direct_density(x, 0.05, p.x, p.xmin, p.xmax, boundary)
+        assert np.allclose(scipy_density(x, 0.05, p), exact, rtol=1e-9, atol=1e-12)
+
+
+def test_numba_is_independent_of_thread_count():
+    import numba
+
+    p = FPProblem(N=20_000, Nt=10)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = solve_numba(p)["M"]
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        many = solve_numba(p)["M"]
+    finally:
+        numba.set_num_threads(before)
+    assert np.allclose(one, many, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"Nx": 2}, "Nx=2 is invalid: must be an integer >= 3"),
+    ({"Nt": 0}, "Nt=0 is invalid: must be an integer >= 1"),
+    ({"sigma": -0.1}, "sigma=-0.1 is invalid: must be a finite number >= 0"),
+    ({"N": 0}, "N=0 is invalid: must be an integer >= 1"),
+    ({"m0": [1.0, -1.0] + [1.0] * 49}, "m0=[1.0, -1.0, 1.0"),
+    ({"m0": [0.0] * 51}, "must have positive mass to be normalised"),
+    ({"m0": [1.0] * 50}, "must have shape (51,), got (50,)"),
+    ({"m0": [float("nan")] + [1.0] * 50}, "found 1 NaN or inf"),
+    ({"V": [float("inf")] * 51}, "V=[inf, inf, inf"),
+    ({"U": np.full((51, 51), np.nan)}, "U=array(shape=(51, 51), dtype=float64) is invalid: must be finite"),
+    ({"U": np.zeros((3, 3))}, "must have shape (51, 51), got (3, 3)"),
+    ({"preset": "beach"}, "preset='beach' is invalid: must be one of 'towel_beach', 'lq', 'crowd'"),
+    ({"boundary": "open"}, "boundary='open' is invalid: must be one of 'periodic', 'reflecting'"),
+    ({"kde": "fft"}, "kde='fft' is invalid: must be one of 'binned', 'direct'"),
+    ({"bandwidth": "wide"}, "bandwidth='wide' is invalid: must be one of 'scott', 'silverman'"),
+    ({"bandwidth": 0.0}, "bandwidth=0.0 is invalid: must be a finite number > 0"),
+    ({"xmin": 1.0, "xmax": 0.0}, "xmax=0.0 is invalid: must be greater than xmin=1"),
+])
+def test_bad_input_names_the_field(fields, message):
+    with pytest.raises(core.ProblemError) as caught:
+        FPProblem(**fields)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_problems_pickle_for_worker_processes():
+    import pickle
+
+    p = FPProblem(N=10)
+    assert np.array_equal(pickle.loads(pickle.dumps(p)).m0, p.m0)
