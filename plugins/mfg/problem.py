@@ -61,7 +61,7 @@ def preset_defaults(name: str) -> dict:
     if name == "lq":
         return {"xmin": -1.5, "xmax": 1.5, "sigma": 0.5, "lam": 1.0, "congestion": "log", "congestion_coef": 0.2,
                 "boundary": "reflecting"}
-    return {"xmin": 0.0, "xmax": 1.0, "sigma": 0.3, "lam": 1.0, "congestion": "linear", "congestion_coef": 2.0,
+    return {"xmin": 0.0, "xmax": 1.0, "sigma": 0.3, "lam": 1.0, "congestion": "linear", "congestion_coef": 0.5,
             "boundary": "reflecting"}  # crowd
 
 

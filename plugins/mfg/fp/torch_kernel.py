@@ -218,3 +218,32 @@ def _place(problem, positions):
         return problem.xmin + torch.remainder(positions - problem.xmin, problem.length)
     y = torch.remainder(positions - problem.xmin, 2 * problem.length)
     return problem.xmin + torch.where(y > problem.length, 2 * problem.length - y, y)
+
+
+def solve_torch_batch(problem, U_batch) -> object:
+    """Densities (K, Nt+1, Nx) for K value functions at once, as a device tensor.
+
+    The K instances share the particles' seed (common random numbers, as the
+    CPU common-noise path uses the problem's seed for every path). The fused
+    kernel runs them as a second grid axis; the eager path loops over them.
+    """
+    from core.backends.torch_gpu import device as gpu_device
+
+    torch = _torch()
+    dev = gpu_device()
+    U_batch = np.asarray(U_batch)
+    seed = problem.seed if problem.seed is not None else 0
+    drift = torch.as_tensor(np.stack([drift_table(problem, u) for u in U_batch]), device=dev, dtype=torch.float32)
+    if not fused_available(problem, dev):
+        return torch.stack([solve_torch(problem, U=u)["M"] for u in U_batch])
+    generator = torch.Generator(device=dev)
+    generator.manual_seed(seed)
+    start = initial_positions(problem, generator, dev).to(torch.float32)
+    positions = start.expand(len(U_batch), -1).clone()
+    from plugins.mfg.fp.triton_kernel import run_fused
+
+    mass, moments = run_fused(problem, positions, drift, seed)
+    k, steps = mass.shape[0], mass.shape[1]
+    bandwidths = _bandwidths(problem, moments.reshape(k * steps, 2))
+    density = smooth(problem, mass.reshape(k * steps, -1) / problem.N, bandwidths)
+    return density.reshape(k, steps, -1)

@@ -35,6 +35,11 @@ def _cell(x, xmin, dx, nx, PERIODIC: tl.constexpr):
 def _fp_all_steps(pos_ptr, drift_ptr, hist_ptr, mom_ptr, n_particles, nx, nt, slots, xmin, dx, length, dt, noise,
                   seed, PERIODIC: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     pid = tl.program_id(0)
+    path = tl.program_id(1)  # batch of instances (common-noise paths) as a second grid axis
+    pos_ptr += path * n_particles
+    drift_ptr += path * (nt + 1) * nx
+    hist_ptr += path * (nt + 1) * slots * nx
+    mom_ptr += path * (nt + 1) * slots * 2
     offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_particles
     x = tl.load(pos_ptr + offsets, mask=mask, other=xmin)
@@ -67,15 +72,23 @@ def _fp_all_steps(pos_ptr, drift_ptr, hist_ptr, mom_ptr, n_particles, nx, nt, sl
 
 
 def run_fused(problem, positions, drift, seed: int):
-    """(binned mass (Nt+1, Nx) float64, moments (Nt+1, 2) float64) after all steps."""
+    """Binned mass (..., Nt+1, Nx) and moments (..., Nt+1, 2), float64, after all steps.
+
+    ``positions`` (N,) with ``drift`` (Nt+1, Nx) is one instance;
+    (K, N) with (K, Nt+1, Nx) is a batch of K sharing the particles' seed.
+    """
     import torch
 
     steps = problem.Nt + 1
-    histogram = torch.zeros(steps, SLOTS, problem.Nx, dtype=torch.float32, device=positions.device)
-    moments = torch.zeros(steps, SLOTS, 2, dtype=torch.float64, device=positions.device)
-    grid = (triton.cdiv(problem.N, BLOCK),)
+    batch = positions.shape[:-1]
+    k = positions.numel() // problem.N
+    positions = positions.contiguous()
+    drift = drift.contiguous()
+    histogram = torch.zeros(*batch, steps, SLOTS, problem.Nx, dtype=torch.float32, device=positions.device)
+    moments = torch.zeros(*batch, steps, SLOTS, 2, dtype=torch.float64, device=positions.device)
+    grid = (triton.cdiv(problem.N, BLOCK), k)
     _fp_all_steps[grid](positions, drift, histogram, moments, problem.N, problem.Nx, problem.Nt, SLOTS,
                         float(problem.xmin), float(problem.dx), float(problem.length), float(problem.dt),
                         float(problem.sigma * problem.dt**0.5), int(seed) % (2**31 - problem.Nt - 2),
                         PERIODIC=problem.boundary == "periodic", BLOCK_SIZE=BLOCK, num_warps=4)
-    return histogram.double().sum(dim=1), moments.sum(dim=1)
+    return histogram.double().sum(dim=-2), moments.sum(dim=-2)

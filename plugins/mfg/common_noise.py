@@ -1,0 +1,121 @@
+"""Common noise: K conditional MFG solves along Ornstein-Uhlenbeck paths.
+
+Each path ``theta_k(t)`` (``d theta = -kappa theta dt + noise dW``,
+``theta(0) = 0``, sampled exactly at the time steps) shifts the potential,
+``V_k(t, x) = V(x - theta_k(t))``, and the conditional MFG along it is solved
+by the damped fixed point. Path k draws from the k-th child of
+``SeedSequence(seed)``, so the paths, and therefore the answer, are the same
+on one worker or sixteen, in path order.
+
+The summary: mean, standard deviation and quantiles of U and M over paths,
+and the Monte Carlo standard error of the mean, ``std / sqrt(K)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from core.tasks import run_serially, task_seeds
+from plugins.mfg.coupling import STEPS, picard, picard_batch
+from plugins.mfg.problem import CommonNoiseProblem, FPProblem, HJBProblem, MFGProblem
+
+
+def ou_path(problem: CommonNoiseProblem, seed: np.random.SeedSequence | None) -> np.ndarray:
+    """theta at every time step, by the exact OU transition (Brownian when kappa = 0)."""
+    rng = np.random.default_rng(seed)
+    dt, kappa = problem.dt, problem.kappa
+    decay = math.exp(-kappa * dt)
+    spread = problem.noise * (math.sqrt((1 - decay**2) / (2 * kappa)) if kappa > 0 else math.sqrt(dt))
+    theta = np.zeros(problem.Nt + 1)
+    for n in range(problem.Nt):
+        theta[n + 1] = theta[n] * decay + spread * rng.standard_normal()
+    return theta
+
+
+def shifted_potential(problem: MFGProblem, theta: np.ndarray) -> np.ndarray:
+    """V(x - theta(t)) on the space-time grid: wrapped when periodic, clamped at walls."""
+    x = problem.x
+    if problem.boundary == "periodic":
+        return np.stack([np.interp(x - shift, x, problem.V, period=problem.length) for shift in theta])
+    return np.stack([np.interp(np.clip(x - shift, problem.xmin, problem.xmax), x, problem.V) for shift in theta])
+
+
+def conditional_problem(problem: CommonNoiseProblem) -> MFGProblem:
+    fields = {name: getattr(problem, name) for name in MFGProblem.__dataclass_fields__}
+    return MFGProblem(**fields)
+
+
+def path_task(task: tuple, shared: Mapping[str, np.ndarray], seed) -> dict[str, np.ndarray]:
+    """One path: sample theta, solve the conditional MFG. Runs in workers too."""
+    problem, steps = task
+    theta = ou_path(problem, seed)
+    hjb, fp = STEPS[steps]()
+    out = picard(conditional_problem(problem), hjb, fp, V_t=shifted_potential(problem, theta))
+    return {"U": out["U"], "M": out["M"], "converged": out["converged"], "iterations": out["iterations"],
+            "theta": theta}
+
+
+def summarize(problem: CommonNoiseProblem, paths: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    U = np.stack([p["U"] for p in paths])
+    M = np.stack([p["M"] for p in paths])
+    k = len(paths)
+    q = np.asarray(problem.quantiles)
+    return {
+        "U_mean": U.mean(axis=0), "U_std": U.std(axis=0, ddof=1) if k > 1 else np.zeros_like(U[0]),
+        "M_mean": M.mean(axis=0), "M_std": M.std(axis=0, ddof=1) if k > 1 else np.zeros_like(M[0]),
+        "U_quantiles": np.quantile(U, q, axis=0), "M_quantiles": np.quantile(M, q, axis=0),
+        "U_mc_error": (U.std(axis=0, ddof=1) / math.sqrt(k)) if k > 1 else np.zeros_like(U[0]),
+        "M_mc_error": (M.std(axis=0, ddof=1) / math.sqrt(k)) if k > 1 else np.zeros_like(M[0]),
+        "quantile_levels": q, "theta": np.stack([p["theta"] for p in paths]),
+        "converged": np.array([bool(p["converged"]) for p in paths]),
+        "iterations": np.array([int(p["iterations"]) for p in paths]),
+    }
+
+
+def solve_serial(problem: CommonNoiseProblem, steps: str) -> dict[str, np.ndarray]:
+    tasks = [(problem, steps)] * problem.K
+    return summarize(problem, run_serially(path_task, tasks, seed=problem.seed))
+
+
+def solve_process(problem: CommonNoiseProblem) -> dict[str, np.ndarray]:
+    from core.backends.process_pool import map_tasks
+
+    tasks = [(problem, "numba")] * problem.K  # one Numba thread per worker: the pool is the parallelism
+    labels = [f"path {k}" for k in range(problem.K)]
+    return summarize(problem, map_tasks(path_task, tasks, seed=problem.seed, labels=labels))
+
+
+def solve_torch(problem: CommonNoiseProblem, hjb_on_gpu: bool = False) -> dict[str, np.ndarray]:
+    """All K paths as one batch: one fused FP launch per Picard iteration for every path.
+
+    The HJB sweeps run with numba on the host by default (see
+    ``coupling.torch_steps`` for the measured reason); ``hjb_on_gpu=True``
+    uses the batched torch HJB instead. U and M cross to the host once per
+    iteration for the damping and the convergence test (K x (Nt+1) x Nx
+    numbers, never particles).
+    """
+    from plugins.mfg.fp.torch_kernel import solve_torch_batch as fp_batch
+    from plugins.mfg.hjb.numba_kernel import solve_numba as hjb_numba
+    from plugins.mfg.hjb.torch_kernel import solve_torch_batch as hjb_torch_batch
+
+    def hjb_batch(template: HJBProblem, v: np.ndarray, m: np.ndarray):
+        if hjb_on_gpu:
+            return hjb_torch_batch(template, v, m)
+        import torch
+
+        fields = template.model_fields()
+        return torch.as_tensor(np.stack([hjb_numba(HJBProblem(**fields, M=mk, V_t=vk))["U"] for vk, mk in zip(v, m)]))
+
+    thetas = [ou_path(problem, seed) for seed in task_seeds(problem.seed, problem.K)]
+    V = np.stack([shifted_potential(problem, theta) for theta in thetas])
+    conditional = conditional_problem(problem)
+    hjb_template = HJBProblem(**conditional.model_fields())
+    fp_template = FPProblem(**conditional.model_fields())
+    out = picard_batch(conditional, lambda v, m: hjb_batch(hjb_template, v, m).cpu().numpy(),
+                       lambda u: fp_batch(fp_template, u).cpu().numpy(), V)
+    paths = [{"U": out["U"][k], "M": out["M"][k], "converged": out["converged"][k],
+              "iterations": out["iterations"][k], "theta": thetas[k]} for k in range(problem.K)]
+    return summarize(problem, paths)

@@ -1,0 +1,1 @@
+"""The backward HJB solver of the MFG plugin (``mfg.hjb_fdm``): implicit upwind finite differences."""
