@@ -28,6 +28,7 @@ from core.problem import make_problem
 from core.registry import register, unregister
 from core.result import Plan, Prediction, Result
 from core.solver import SolverSpec
+from core.sweep import SweepPoint, sweep
 
 __version__ = "0.1.0"
 
@@ -37,6 +38,6 @@ __all__ = [
     "ProblemError", "Result", "SolverSpec", "TaskFailedError", "UnknownBackendError",
     "UnknownSolverError", "WorkerCrashedError", "availability", "backends", "hookimpl",
     "make_problem", "register", "solve", "solvers", "unregister", "__version__",
-    "calibrate", "evaluate", "plan",
+    "calibrate", "evaluate", "plan", "sweep", "SweepPoint",
 ]
 

@@ -30,13 +30,25 @@ _models: dict[tuple[str, str], tuple[tuple, CostModel]] = {}
 _paid: set[tuple[str, str]] = set()
 _pending: list[tuple[str, str, str, dict[str, Any]]] = []
 _last_flush = 0.0
+_disabled = False
+
+
+def disable() -> None:
+    """Stop reading and writing the wisdom file in this process.
+
+    Pool workers call this: they run with one thread on a machine
+    fingerprinted for the parent, so their timings would describe another
+    configuration, and their fingerprint would call the parent's file stale.
+    """
+    global _disabled
+    _disabled = True
 
 
 def stored() -> dict[str, Any]:
     global _stored
     with _lock:
         if _stored is None:
-            _stored = wisdom.load()
+            _stored = {"solvers": {}} if _disabled else wisdom.load()
         return _stored
 
 
@@ -118,6 +130,8 @@ def record_calibration(spec: SolverSpec, backend: str, records: list[dict[str, A
                        details: Mapping[str, Any]) -> None:
     """Replace the pair's calibration samples (and one-off cost, when measured) on disk now."""
     global _stored
+    if _disabled:
+        return
 
     def change(data: dict[str, Any]) -> None:
         entry = wisdom.solver_entry(data, spec.name, spec.version)
@@ -153,6 +167,8 @@ def record_one_off(spec: SolverSpec, backend: str, seconds: float) -> None:
     cold disk cache or one warm page cache does not set it for good.
     """
     global _stored
+    if _disabled:
+        return
 
     def change(data: dict[str, Any]) -> None:
         entry = data["solvers"].get(spec.name)
@@ -183,7 +199,8 @@ def flush() -> None:
     global _stored, _last_flush
     with _lock:
         _last_flush = time.monotonic()
-        if not _pending:
+        if not _pending or _disabled:
+            _pending.clear()
             return
         batch = list(_pending)
         _pending.clear()

@@ -89,6 +89,9 @@ def _init_worker() -> None:
     threadpool_limits(1)
     if "numba" in sys.modules:
         sys.modules["numba"].set_num_threads(1)
+    from core import timings
+
+    timings.disable()
 
 
 # -- shared memory -----------------------------------------------------------
