@@ -111,7 +111,10 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None, exp
     if was_paid:  # a first call includes the one-off cost and would bias the steady-state model
         timings.record_solve(spec, backend, sample_record(spec, problem, seconds, "solve"))
     elif (model := timings.model(spec, backend)) is not None:
-        # a first call's excess over the steady-state model is this process's one-off cost
-        timings.record_one_off(spec, backend, max(0.0, seconds - model.predict(spec.features(problem))[0]))
+        # a first call's excess over the steady-state model is this process's one-off cost,
+        # when the model can be trusted at this size (an extrapolation would blame its own error)
+        predicted, extrapolated = model.predict(spec.features(problem))
+        if not extrapolated:
+            timings.record_one_off(spec, backend, max(0.0, seconds - predicted))
     return Result(solver=spec.name, backend=backend, seconds=seconds, outputs=outputs, plan=plan,
                   diagnostics={"problem": type(problem).__name__, "first_call": not was_paid})

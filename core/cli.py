@@ -23,8 +23,8 @@ from rich.table import Table
 
 import core
 from core.errors import CrossoverError, PluginError, PluginWarning, TaskFailedError
-from core.problem import make_problem
 from core.registry import get_registry, get_solver
+from core.solver import problem_from_params
 from core.wisdom import WisdomWarning
 
 USER_ERROR, FAULT = 2, 1
@@ -103,7 +103,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     spec = get_solver(args.solver)
-    problem = make_problem(spec.problem_type, _parse_params(args.param), base=spec.default_problem())
+    problem = problem_from_params(spec, _parse_params(args.param))
     result = core.solve(problem, backend=args.backend, solver=spec.name, expected_calls=args.calls)
     if args.save:
         result.save(args.save)
@@ -195,7 +195,7 @@ def _verdict(decision: core.Plan, name: str, calls: float) -> str:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     spec = get_solver(args.solver)
-    problem = make_problem(spec.problem_type, _parse_params(args.param), base=spec.default_problem())
+    problem = problem_from_params(spec, _parse_params(args.param))
     decision = core.plan(problem, solver=spec.name, expected_calls=args.calls, calibrate=True)
     table = Table(title=f"plan for {spec.name} ({spec.size_axis}={getattr(problem, spec.size_axis)})")
     for column in ("backend", "predicted s", "status", "unpaid one-off s", "verdict"):

@@ -35,6 +35,14 @@ def make_problem(problem_type: type, params: Mapping[str, Any] | None = None, *,
     change one knob of a default problem. Unknown names raise
     :class:`UnknownParameterError` listing the valid ones.
     """
+    values = convert_params(problem_type, params)
+    if base is not None:
+        return dataclasses.replace(base, **values)
+    return problem_type(**values)
+
+
+def convert_params(problem_type: type, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Check the names against the problem's fields and convert text values to their types."""
     types = parameter_types(problem_type)
     params = dict(params or {})
     unknown = sorted(set(params) - set(types))
@@ -42,10 +50,7 @@ def make_problem(problem_type: type, params: Mapping[str, Any] | None = None, *,
         raise UnknownParameterError(
             f"unknown parameter {unknown[0]!r} for {problem_type.__name__}; "
             f"valid parameters: {', '.join(types)}")
-    values = {name: _convert(name, value, types[name]) for name, value in params.items()}
-    if base is not None:
-        return dataclasses.replace(base, **values)
-    return problem_type(**values)
+    return {name: _convert(name, value, types[name]) for name, value in params.items()}
 
 
 def _convert(name: str, value: Any, annotation: Any) -> Any:

@@ -49,6 +49,9 @@ class SolverSpec:
     summarize: Callable[[Any, Outputs], str] = field(default=lambda problem, outputs: f"{len(outputs)} outputs")
     description: str = ""
     version: str = "0"
+    # the keyword arguments of default_problem(), when fields derive from each other
+    # (a preset's arrays from Nx): parameters then rebuild the problem instead of editing it
+    default_params: Callable[[], Mapping[str, Any]] | None = None
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -75,3 +78,19 @@ def check_spec(spec: object, plugin_name: str) -> SolverSpec:
         raise PluginError(f"plugin {plugin_name!r}: solver {spec.name!r} size_axis {spec.size_axis!r} "
                           f"is not a field of {spec.problem_type.__name__}")
     return spec
+
+
+def problem_from_params(spec: SolverSpec, params: Mapping[str, Any]) -> Any:
+    """The solver's default problem with ``params`` changed (text converted to each field's type).
+
+    With ``default_params`` the problem is rebuilt from them plus ``params``,
+    so derived fields (arrays sized by ``Nx``, a preset's defaults) follow
+    the change; otherwise the default problem's other fields are kept.
+    """
+    from core.problem import make_problem
+
+    if spec.default_params is not None:
+        from core.problem import convert_params
+
+        return spec.problem_type(**{**spec.default_params(), **convert_params(spec.problem_type, params)})
+    return make_problem(spec.problem_type, params, base=spec.default_problem())

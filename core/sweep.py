@@ -51,11 +51,11 @@ def _run_point(target: str | Callable[..., Any], params: dict[str, Any], backend
     if callable(target):
         return target(**params), None
     import core
-    from core.problem import make_problem
     from core.registry import get_solver
+    from core.solver import problem_from_params
 
     spec = get_solver(target)
-    problem = make_problem(spec.problem_type, params, base=spec.default_problem())
+    problem = problem_from_params(spec, params)
     result = core.solve(problem, backend=backend, solver=spec.name)
     return dict(result.outputs), result.backend
 

@@ -73,7 +73,8 @@ def test_fp_batch_equals_single_solves():
     batch = solve_torch_batch(p, us).cpu().numpy()
     for k, u in enumerate(us):
         single = solve_torch(FPProblem(**{**p.model_fields(), "U": u}))["M"].cpu().numpy()
-        np.testing.assert_allclose(batch[k], single, rtol=0, atol=1e-9)
+        # float32 atomic adds land in a different order run to run: equal to float32 rounding
+        np.testing.assert_allclose(batch[k], single, rtol=1e-6, atol=1e-9)
 
 
 def test_torch_fixed_point_converges_and_agrees_with_numba():

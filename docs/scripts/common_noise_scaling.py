@@ -47,9 +47,15 @@ def main() -> None:
     process_pool.shutdown()
     same = bool(np.array_equal(out_one["M_mean"], out_many["M_mean"]))
     efficiency = one / (args.workers * many)
+    busy_one, busy_many = out_one["path_seconds"].sum(), out_many["path_seconds"].sum()
     print(f"1 worker: {one:.2f} s; {args.workers} workers: {many:.2f} s; speed-up {one / many:.2f}x; "
           f"parallel efficiency {efficiency:.1%}; identical results: {same}; "
           f"paths converged: {int(out_many['converged'].sum())}/{args.K}")
+    # where the efficiency goes: slower paths when all cores run (clock, memory), or idle workers
+    print(f"path seconds summed: {busy_one:.2f} on 1 worker, {busy_many:.2f} on {args.workers} "
+          f"(x{busy_many / busy_one:.2f}); busy fraction of {args.workers} workers: "
+          f"{busy_many / (args.workers * many):.1%}; iterations per path {out_many['iterations'].min()}.."
+          f"{out_many['iterations'].max()}")
     print(json.dumps({"workers": args.workers, "K": args.K, "N": args.N, "one_worker_s": one, "many_workers_s": many,
                       "efficiency": efficiency, "identical": same}))
 

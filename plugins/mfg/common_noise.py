@@ -50,12 +50,15 @@ def conditional_problem(problem: CommonNoiseProblem) -> MFGProblem:
 
 def path_task(task: tuple, shared: Mapping[str, np.ndarray], seed) -> dict[str, np.ndarray]:
     """One path: sample theta, solve the conditional MFG. Runs in workers too."""
+    import time
+
+    started = time.perf_counter()
     problem, steps = task
     theta = ou_path(problem, seed)
     hjb, fp = STEPS[steps]()
     out = picard(conditional_problem(problem), hjb, fp, V_t=shifted_potential(problem, theta))
     return {"U": out["U"], "M": out["M"], "converged": out["converged"], "iterations": out["iterations"],
-            "theta": theta}
+            "theta": theta, "seconds": time.perf_counter() - started}
 
 
 def summarize(problem: CommonNoiseProblem, paths: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -72,6 +75,7 @@ def summarize(problem: CommonNoiseProblem, paths: list[dict[str, np.ndarray]]) -
         "quantile_levels": q, "theta": np.stack([p["theta"] for p in paths]),
         "converged": np.array([bool(p["converged"]) for p in paths]),
         "iterations": np.array([int(p["iterations"]) for p in paths]),
+        "path_seconds": np.array([float(p.get("seconds", np.nan)) for p in paths]),
     }
 
 

@@ -70,6 +70,7 @@ FP_PARTICLE = SolverSpec(
     ladder=fp_ladder,
     memory=fp_memory,
     default_problem=lambda: FPProblem(N=50_000),
+    default_params=lambda: {"N": 50_000},
     summarize=fp_summary,
     description="forward Fokker-Planck: Euler-Maruyama particles and KDE density on the grid",
 )
@@ -121,6 +122,7 @@ HJB_FDM = SolverSpec(
     ladder=hjb_ladder,
     memory=hjb_memory,
     default_problem=lambda: HJBProblem(Nx=101, Nt=100),
+    default_params=lambda: {"Nx": 101, "Nt": 100},
     summarize=hjb_summary,
     description="backward HJB: implicit Euler, Newton with one tridiagonal solve per iteration, Godunov upwind",
 )
@@ -166,6 +168,7 @@ FIXED_POINT = SolverSpec(
     ladder=fixed_point_ladder,
     memory=coupled_memory,
     default_problem=lambda: MFGProblem(N=20_000),
+    default_params=lambda: {"N": 20_000},
     summarize=fixed_point_summary,
     description="the coupled MFG by damped Picard iteration (separate damping for U and M)",
 )
@@ -216,6 +219,7 @@ COMMON_NOISE = SolverSpec(
     ladder=common_noise_ladder,
     memory=common_noise_memory,
     default_problem=lambda: CommonNoiseProblem(preset="lq", K=8, N=5_000),
+    default_params=lambda: {"preset": "lq", "K": 8, "N": 5_000},
     summarize=common_noise_summary,
     description="K conditional MFG solves along Ornstein-Uhlenbeck common-noise paths",
 )
