@@ -60,7 +60,10 @@ def get_executor(workers: int | None = None) -> ProcessPoolExecutor:
         shutdown()
     if _executor is None:
         context = multiprocessing.get_context(start_method())
-        _executor = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker)
+        pin = os.environ.get("CROSSOVER_PIN_WORKERS", "").strip().lower() in ("1", "true", "yes", "on")
+        counter = context.Value("i", 0) if pin and hasattr(os, "sched_setaffinity") else None
+        _executor = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
+                                        initargs=(counter,))
         _executor_workers = workers
     return _executor
 
@@ -80,8 +83,19 @@ def _is_broken(executor: ProcessPoolExecutor) -> bool:
     return bool(getattr(executor, "_broken", False))
 
 
-def _init_worker() -> None:
-    """Pin each worker to one BLAS and one Numba thread (see module docstring)."""
+def _init_worker(counter=None) -> None:
+    """Pin each worker to one BLAS and one Numba thread (see module docstring).
+
+    With ``CROSSOVER_PIN_WORKERS=1`` each worker is also bound to its own
+    core (worker i to the i-th usable core), so the scheduler never moves a
+    busy worker and its caches between cores.
+    """
+    if counter is not None:
+        with counter.get_lock():
+            index = counter.value
+            counter.value += 1
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[index % len(cores)]})
     for variable in _THREAD_VARIABLES:
         os.environ[variable] = "1"
     from threadpoolctl import threadpool_limits

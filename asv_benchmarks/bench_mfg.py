@@ -1,0 +1,79 @@
+"""Benchmarks of the MFG plugin: the FP acceptance problem and the coupled solvers.
+
+The FP problem is the issue's: N = 50,000 particles, Nx = 51, Nt = 50
+(towel_beach). ``track_fp_speedup_vs_scipy`` is the ratio of the numpy +
+scipy.stats.gaussian_kde reference to the automatically chosen backend,
+both timed in the same process; the acceptance bar is 50x.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import core
+from plugins.mfg.problem import FPProblem, MFGProblem
+
+BACKENDS = ["numpy", "numba", "torch"]
+
+
+def _skip_unavailable(backend: str) -> None:
+    status = core.availability(backend)
+    if not status.available:
+        raise NotImplementedError(f"backend {backend!r} is unavailable here: {status.reason}")
+
+
+def _median(fn, repeats: int = 3) -> float:
+    fn()
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+class FPSolve:
+    """Steady-state seconds of the FP acceptance problem on each backend (binned KDE)."""
+
+    params = (BACKENDS,)
+    param_names = ("backend",)
+    timeout = 300
+
+    def setup(self, backend: str) -> None:
+        _skip_unavailable(backend)
+        self.problem = FPProblem(N=50_000, Nx=51, Nt=50)
+        core.solve(self.problem, backend=backend)  # warm-up: JIT, CUDA context, Triton compile
+
+    def time_fp_solve(self, backend: str) -> None:
+        core.solve(self.problem, backend=backend)
+
+
+class FPSpeedup:
+    """How many times faster auto-selection is than the original numpy/scipy pipeline."""
+
+    timeout = 900
+
+    def track_fp_speedup_vs_scipy(self) -> float:
+        problem = FPProblem(N=50_000, Nx=51, Nt=50)
+        reference = FPProblem(N=50_000, Nx=51, Nt=50, kde="direct")
+        auto = _median(lambda: core.solve(problem, expected_calls=float("inf")))
+        scipy_seconds = _median(lambda: core.solve(reference, backend="numpy"), repeats=1)
+        return scipy_seconds / auto
+
+    track_fp_speedup_vs_scipy.unit = "x"
+
+
+class FixedPoint:
+    """Seconds of the coupled MFG on the lq preset (20,000 particles)."""
+
+    params = (["numpy", "numba"],)
+    param_names = ("backend",)
+    timeout = 300
+
+    def setup(self, backend: str) -> None:
+        self.problem = MFGProblem(preset="lq", N=20_000, Nt=30)
+        core.solve(self.problem, backend=backend)
+
+    def time_fixed_point(self, backend: str) -> None:
+        core.solve(self.problem, backend=backend)
