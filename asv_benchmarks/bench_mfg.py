@@ -8,10 +8,8 @@ both timed in the same process; the acceptance bar is 50x.
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import core
+from core.calibration import median_seconds
 from plugins.mfg.problem import FPProblem, MFGProblem
 
 BACKENDS = ["numpy", "numba", "torch"]
@@ -23,14 +21,6 @@ def _skip_unavailable(backend: str) -> None:
         raise NotImplementedError(f"backend {backend!r} is unavailable here: {status.reason}")
 
 
-def _median(fn, repeats: int = 3) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - started)
-    return statistics.median(samples)
 
 
 class FPSolve:
@@ -57,8 +47,8 @@ class FPSpeedup:
     def track_fp_speedup_vs_scipy(self) -> float:
         problem = FPProblem(N=50_000, Nx=51, Nt=50)
         reference = FPProblem(N=50_000, Nx=51, Nt=50, kde="direct")
-        auto = _median(lambda: core.solve(problem, expected_calls=float("inf")))
-        scipy_seconds = _median(lambda: core.solve(reference, backend="numpy"), repeats=1)
+        auto = median_seconds(lambda: core.solve(problem, expected_calls=float("inf")))
+        scipy_seconds = median_seconds(lambda: core.solve(reference, backend="numpy"), repeats=1)
         return scipy_seconds / auto
 
     track_fp_speedup_vs_scipy.unit = "x"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,17 @@ def measure(spec: SolverSpec, backend: str, problem: Any, repeats: int = 3) -> t
     while len(timed) < max(3, repeats) or (sum(timed) < MIN_SAMPLE_SECONDS and len(timed) < MAX_REPEATS):
         timed.append(run_once(spec, backend, problem)[1])
     return warm_up, statistics.median(timed)
+
+
+def median_seconds(fn: Callable[[], Any], repeats: int = 3) -> float:
+    """Median wall time of ``repeats`` calls of ``fn`` after one warm-up call (for scripts and asv)."""
+    fn()
+    samples = []
+    for _ in range(max(1, repeats)):
+        started = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
 
 
 def sample_record(spec: SolverSpec, problem: Any, seconds: float, source: str) -> dict[str, Any]:

@@ -14,21 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import core
+from core.calibration import median_seconds
 from plugins.mfg.problem import FPProblem
-
-
-def median_seconds(fn, repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - started)
-    return statistics.median(samples)
 
 
 def main() -> None:

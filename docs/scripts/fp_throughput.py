@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import numpy as np
 
+from core.calibration import median_seconds
 from plugins.mfg.problem import FPProblem
 
 
@@ -25,16 +24,6 @@ def problem(n: int, nx: int, nt: int, kde: str) -> FPProblem:
     base = FPProblem(N=n, Nx=nx, Nt=nt, kde=kde)
     u = 0.2 * np.outer(base.T - base.t, np.cos(2 * np.pi * base.x))
     return FPProblem(N=n, Nx=nx, Nt=nt, kde=kde, U=u)
-
-
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up: compile, context, caches
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - started)
-    return statistics.median(samples)
 
 
 def runner(backend: str, p: FPProblem):
@@ -65,7 +54,7 @@ def main() -> None:
     p = problem(args.N, args.Nx, args.Nt, args.kde)
     rows = []
     for backend in args.backends:
-        seconds = timed(runner(backend, p), args.repeats)
+        seconds = median_seconds(runner(backend, p), args.repeats)
         rows.append({"backend": backend, "seconds": seconds, "particle_steps_per_s": args.N * args.Nt / seconds})
     for row in rows:
         row["ratio_to_first"] = rows[0]["seconds"] / row["seconds"]

@@ -15,6 +15,7 @@ import math
 import numpy as np
 from numba import prange
 
+from core.backends.numba_random import normal_pair, stream_keys
 from core.backends.numba_threads import jit
 from plugins.mfg import kde
 from plugins.mfg.fp.common import drift_table, initial_positions
@@ -22,29 +23,6 @@ from plugins.mfg.problem import MFGModel
 
 CHUNK = 4096  # particles per private histogram; even, so pairs never straddle chunks
 _PERIODIC, _REFLECTING = 0, 1
-
-
-@jit(error_model="numpy")
-def _next(state):
-    state = state + np.uint64(0x9E3779B97F4A7C15)
-    z = state
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return state, z ^ (z >> np.uint64(31))
-
-
-@jit(error_model="numpy")
-def _normal_pair(state):
-    # Marsaglia's polar method: two normals for one log and one sqrt, no trigonometry
-    while True:
-        state, a = _next(state)
-        state, b = _next(state)
-        u = 2.0 * ((a >> np.uint64(11)) * (1.0 / 9007199254740992.0)) - 1.0
-        v = 2.0 * ((b >> np.uint64(11)) * (1.0 / 9007199254740992.0)) - 1.0
-        r = u * u + v * v
-        if 0.0 < r < 1.0:
-            factor = math.sqrt(-2.0 * math.log(r) / r)
-            return state, u * factor, v * factor
 
 
 @jit(error_model="numpy")
@@ -95,7 +73,7 @@ def _step(positions, states, drift, xmin, dx, length, nx, boundary, dt, noise, m
             x0 = positions[i]
             x1 = positions[i + 1] if i + 1 < stop else x0
             if move:
-                state, z0, z1 = _normal_pair(states[i // 2])
+                state, z0, z1 = normal_pair(states[i // 2])
                 states[i // 2] = state
                 x0 = _advance(x0, z0, drift, xmin, dx, length, nx, boundary, dt, noise)
                 x1 = _advance(x1, z1, drift, xmin, dx, length, nx, boundary, dt, noise)
@@ -130,8 +108,7 @@ def _deposit(histogram, x, xmin, dx, nx, boundary):
 
 def _key_states(seed: int | None, n: int) -> np.ndarray:
     """One stream per pair of particles, keyed by (seed, pair)."""
-    key = np.random.SeedSequence(seed).generate_state(1, dtype=np.uint64)[0]
-    return key ^ (np.arange((n + 1) // 2, dtype=np.uint64) * np.uint64(0xD1B54A32D192ED03))
+    return stream_keys(seed, (n + 1) // 2)
 
 
 def solve_numba(problem, U: np.ndarray | None = None) -> dict[str, np.ndarray]:
