@@ -6,8 +6,9 @@ Two paths compute the same thing:
   ONE kernel launch runs every time step. Each program keeps its block of
   particles in registers for the whole solve, draws its normals with Philox
   (``tl.randn``), interpolates the drift, wraps or reflects, and deposits
-  the linear-binning mass into one of ``SLOTS`` private copies of the
-  histogram, so a few bins are never hammered by every thread at once.
+  the linear-binning mass (in float64, so mass is exact to 1e-12) into one
+  of ``SLOTS`` private copies of the histogram, so a few bins are never
+  hammered by every thread at once.
 - ``eager`` (MPS, no Triton, Silverman bandwidth or direct KDE): the same
   step as whole-array torch operations, with the histogram scattered into
   the same slotted buffer.
