@@ -25,7 +25,9 @@ def timed_on(workers: int, problem: CommonNoiseProblem) -> tuple[float, dict]:
     import os
 
     os.environ["CROSSOVER_WORKERS"] = str(workers)
-    warm = CommonNoiseProblem(**{**problem.model_fields(), "K": workers, "N": 500, "Nt": 5})
+    # many tiny paths, so that every worker (not just the first to be free) has loaded the
+    # Numba kernels before the clock starts: a worker's first path pays ~0.7 s for that
+    warm = CommonNoiseProblem(**{**problem.model_fields(), "K": 8 * workers, "N": 500, "Nt": 5})
     solve_process(warm)
     started = time.perf_counter()
     out = solve_process(problem)
