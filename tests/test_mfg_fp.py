@@ -171,3 +171,14 @@ def test_problems_pickle_for_worker_processes():
 
     p = FPProblem(N=10)
     assert np.array_equal(pickle.loads(pickle.dumps(p)).m0, p.m0)
+
+
+def test_smoothing_all_steps_at_once_matches_step_by_step():
+    rng = np.random.default_rng(0)
+    mass = rng.random((5, 51))
+    widths = np.array([0.01, 0.02, 0.05, 0.2, 1.0])
+    for boundary in ("periodic", "reflecting"):
+        together = kde.smooth_steps(mass, widths, 0.02, boundary)
+        one_by_one = np.stack([kde.smoothing_matrix(h, 0.02, 51, boundary) @ m for h, m in zip(widths, mass)])
+        assert np.allclose(together, one_by_one, rtol=0, atol=1e-8)  # kernels differ only beyond 6 widths
+        assert np.allclose(together.sum(axis=1), mass.sum(axis=1), rtol=1e-14)

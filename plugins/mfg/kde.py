@@ -64,6 +64,28 @@ def smoothing_matrix(h: float, dx: float, nx: int, boundary: str) -> np.ndarray:
     return matrix.reshape(nx, nx)
 
 
+def smooth_steps(mass: np.ndarray, h: np.ndarray, dx: float, boundary: str) -> np.ndarray:
+    """:func:`smoothing_matrix` applied to every time step at once: (steps, Nx) mass in and out.
+
+    One kernel width (the widest step's) bounds the offsets; each step's
+    kernel is renormalised over them, so every step still keeps its mass
+    exactly. Each offset's folded targets move every step's mass at once, so the
+    smoothing is a short loop over offsets instead of a Python loop over steps.
+    """
+    nx = mass.shape[1]
+    half = max(1, math.ceil(TRUNCATION * float(np.max(h)) / dx))
+    offsets = np.arange(-half, half + 1)
+    kernel = np.exp(-0.5 * (offsets[None, :] * dx / h[:, None]) ** 2)
+    kernel /= kernel.sum(axis=1, keepdims=True)
+    targets = fold(np.arange(nx)[:, None] + offsets[None, :], nx, boundary)
+    smoothed = np.zeros_like(mass)
+    for k in range(offsets.size):
+        moved = np.zeros_like(mass)
+        np.add.at(moved.T, targets[:, k], mass.T)  # node j's mass moved to its k-th folded neighbour
+        smoothed += kernel[:, k:k + 1] * moved
+    return smoothed
+
+
 def linear_binning(positions: np.ndarray, xmin: float, dx: float, nx: int, boundary: str) -> np.ndarray:
     """Mass per node (sums to one): each particle split between its two nearest nodes."""
     s = (positions - xmin) / dx

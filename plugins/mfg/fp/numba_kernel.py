@@ -123,16 +123,24 @@ def solve_numba(problem, U: np.ndarray | None = None) -> dict[str, np.ndarray]:
     boundary = _PERIODIC if problem.boundary == "periodic" else _REFLECTING
     noise = problem.sigma * math.sqrt(problem.dt)
     weights = problem.weights()
-    M = np.empty((problem.Nt + 1, problem.Nx))
-    bandwidths = np.empty(problem.Nt + 1)
-    summary = np.empty((problem.Nt + 1, 2))
-    for n in range(problem.Nt + 1):
+    steps = problem.Nt + 1
+    binned = np.empty((steps, problem.Nx))
+    bandwidths = np.empty(steps)
+    summary = np.empty((steps, 2))
+    direct = np.empty((steps, problem.Nx)) if problem.kde == "direct" else None
+    for n in range(steps):
         row = drift[max(n - 1, 0)]  # step n moves particles from t_{n-1} to t_n
         _step(positions, states, row, problem.xmin, problem.dx, problem.length, problem.Nx, boundary,
               problem.dt, noise, mass, moments, n > 0)
         totals = moments.sum(axis=0)
         summary[n] = mean_and_variance(totals, problem.N)
-        M[n], bandwidths[n] = _density(problem, positions, mass.sum(axis=0) / problem.N, totals, weights)
+        binned[n] = mass.sum(axis=0) / problem.N
+        bandwidths[n] = _bandwidth(problem, positions, totals)
+        if direct is not None:
+            direct[n] = kde.direct_density(positions, bandwidths[n], problem.x, problem.xmin, problem.xmax,
+                                           problem.boundary)
+    # the Gaussian smoothing of every step at once, after the particle loop
+    M = direct if direct is not None else kde.smooth_steps(binned, bandwidths, problem.dx, problem.boundary) / weights
     return {"M": M, "bandwidth": bandwidths, "mass": M @ weights, "moments": summary}
 
 
@@ -142,15 +150,12 @@ def mean_and_variance(totals: np.ndarray, n: int) -> tuple[float, float]:
     return mean, max(totals[1] - totals[0] * mean, 0.0) / (n - 1) if n > 1 else 0.0
 
 
-def _density(problem: MFGModel, positions, binned_mass, moments, weights) -> tuple[np.ndarray, float]:
+def _bandwidth(problem: MFGModel, positions: np.ndarray, totals: np.ndarray) -> float:
+    """This step's bandwidth from the particles' sums (Silverman also needs their quartiles)."""
     n = problem.N
-    std = math.sqrt(max(moments[1] - moments[0] ** 2 / n, 0.0) / (n - 1)) if n > 1 else 0.0
+    std = math.sqrt(max(totals[1] - totals[0] ** 2 / n, 0.0) / (n - 1)) if n > 1 else 0.0
     iqr = 0.0
     if problem.bandwidth == "silverman":
         q75, q25 = np.percentile(positions, [75, 25])
         iqr = float(q75 - q25)
-    h = kde.bandwidth_from_stats(problem.bandwidth, n, std, iqr)
-    if problem.kde == "direct":
-        return kde.direct_density(positions, h, problem.x, problem.xmin, problem.xmax, problem.boundary), h
-    smoothing = kde.smoothing_matrix(h, problem.dx, problem.Nx, problem.boundary)
-    return smoothing @ binned_mass / weights, h
+    return kde.bandwidth_from_stats(problem.bandwidth, n, std, iqr)
