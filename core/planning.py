@@ -115,6 +115,14 @@ def with_size(spec: SolverSpec, problem: Any, size: float) -> Any | None:
     try:
         return dataclasses.replace(problem, **{spec.size_axis: value})
     except (CrossoverError, ValueError, TypeError):
+        pass
+    # arrays sized by the old grid (a preset's V, m0 ...) no longer fit: rebuild without them,
+    # so the problem type derives them again at the new size
+    scalars = {f.name: getattr(problem, f.name) for f in dataclasses.fields(problem)
+               if f.init and not isinstance(getattr(problem, f.name), np.ndarray)}
+    try:
+        return type(problem)(**{**scalars, spec.size_axis: value})
+    except (CrossoverError, ValueError, TypeError):
         return None
 
 

@@ -137,3 +137,13 @@ def test_sweep_cartesian_grid_order():
     assert [p.outputs["y"] for p in points] == [9, 1, 4]
     with pytest.raises(core.CrossoverError, match=r"grid\['x'\]=3 is invalid: must be a list of values"):
         core.sweep(sweep_targets.square, {"x": 3})
+
+
+def test_held_out_sizes_rebuild_grid_arrays():
+    """Resizing Nx re-derives the preset's arrays, so evaluate and break-even work for grid solvers."""
+    from core.evaluation import held_out_problems
+
+    spec = core.solvers()["mfg.hjb_fdm"]
+    problems = held_out_problems(spec)
+    assert [p.Nx for p in problems] == [35, 71, 141, 400, 800]
+    assert all(p.V.shape == (p.Nx,) and p.M.shape == (p.Nt + 1, p.Nx) for p in problems)
