@@ -11,7 +11,8 @@ Why these choices:
   is as good at small sizes (where start-up costs decide) as at large ones;
 - *outlier rejection*: one sample taken while a neighbour hogged the CPU must
   not move a decision, so the worst sample is dropped while it is more than
-  3x off the fit of the others.
+  3x off the fit of the others (only where there are at least three more
+  samples than coefficients, so that "the others" still pin the fit down).
 """
 
 from __future__ import annotations
@@ -91,8 +92,11 @@ def fit(samples: Sequence[Sample]) -> CostModel:
     names = tuple(sorted({name for s in samples for name in s.features}))
     kept = list(samples)
     coefficients = _solve(kept, names)
-    # drop the worst sample while it is an outlier, never more than a quarter of them
-    for _ in range(len(samples) // 4):
+    # drop the worst sample while it is an outlier, never more than a quarter of them, and only
+    # when the others still over-determine the fit: with as many samples as coefficients any
+    # sample looks wild to a fit made without it
+    droppable = len(samples) // 4 if len(samples) >= len(names) + 3 else 0
+    for _ in range(droppable):
         residuals = _log_residuals(kept, names, coefficients)
         worst = int(np.argmax(np.abs(residuals)))
         trial = kept[:worst] + kept[worst + 1:]

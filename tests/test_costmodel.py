@@ -66,3 +66,11 @@ def test_predictions_far_outside_the_fitted_range_are_flagged():
 def test_fit_refuses_no_samples():
     with pytest.raises(ValueError, match="without samples"):
         fit([Sample({"n": 1.0}, float("nan"))])
+
+
+def test_no_sample_is_rejected_when_the_rest_cannot_judge_it():
+    """Four samples of a steep two-feature cost: every one is needed, none is an outlier."""
+    data = [Sample({"n": n, "m": 51.0}, 0.4 + 3e-6 * n) for n in (1e3, 3e3, 1e4, 9e5)]
+    model = fit(data)
+    assert model.n_rejected == 0
+    assert model.predict({"n": 9e5, "m": 51.0})[0] == pytest.approx(0.4 + 3e-6 * 9e5, rel=1e-6)
