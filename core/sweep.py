@@ -95,6 +95,16 @@ def sweep(target: str | SolverSpec | Callable[..., Any], grid, backend: str = "a
 
     if isinstance(target, SolverSpec):
         target = target.name
+    if isinstance(target, str):
+        from core.registry import get_solver
+
+        get_solver(target)  # an unknown name is one clear error, not one per point
+    elif not callable(target):
+        raise CrossoverError(f"target={target!r} is invalid: must be a solver name, a SolverSpec or a function")
+    if backend not in ("auto", "process"):
+        from core.api import availability
+
+        availability(backend)  # raises for an unknown backend name
     points = expand(grid)
     parallel = backend == "process" or (backend == "auto" and len(points) > 1
                                          and (workers or default_workers()) > 1)

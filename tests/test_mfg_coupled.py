@@ -147,3 +147,12 @@ def test_held_out_sizes_rebuild_grid_arrays():
     problems = held_out_problems(spec)
     assert [p.Nx for p in problems] == [35, 71, 141, 400, 800]
     assert all(p.V.shape == (p.Nx,) and p.M.shape == (p.Nt + 1, p.Nx) for p in problems)
+
+
+def test_sweep_rejects_unknown_names_up_front():
+    with pytest.raises(core.UnknownSolverError, match="unknown solver 'mfg.nope'"):
+        core.sweep("mfg.nope", {"N": [1, 2]})
+    with pytest.raises(core.UnknownBackendError, match="unknown backend 'gpu'"):
+        core.sweep("mfg.fixed_point", {"N": [1, 2]}, backend="gpu")
+    with pytest.raises(core.CrossoverError, match="target=3 is invalid"):
+        core.sweep(3, {"N": [1]})
