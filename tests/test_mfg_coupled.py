@@ -150,7 +150,7 @@ def test_held_out_sizes_rebuild_grid_arrays():
 
 
 def test_sweep_rejects_unknown_names_up_front():
-    with pytest.raises(core.UnknownSolverError, match="unknown solver 'mfg.nope'"):
+    with pytest.raises(core.UnknownSolverError, match=r"unknown solver 'mfg\.nope'"):
         core.sweep("mfg.nope", {"N": [1, 2]})
     with pytest.raises(core.UnknownBackendError, match="unknown backend 'gpu'"):
         core.sweep("mfg.fixed_point", {"N": [1, 2]}, backend="gpu")
