@@ -48,8 +48,16 @@ def availability(name: str) -> Availability:
 
 
 def find_solver(problem: Any) -> SolverSpec:
-    """The solver registered for this problem's type (the first, if several share it)."""
-    for spec in get_registry().solvers.values():
+    """The solver registered for this problem's type.
+
+    An exact type match wins over a base class, so a problem type derived
+    from another (common noise from the plain MFG) reaches its own solver.
+    """
+    specs = list(get_registry().solvers.values())
+    for spec in specs:
+        if type(problem) is spec.problem_type:
+            return spec
+    for spec in specs:
         if isinstance(problem, spec.problem_type):
             return spec
     raise ProblemError(f"no registered solver takes a {type(problem).__name__}; "

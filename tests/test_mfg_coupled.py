@@ -156,3 +156,13 @@ def test_sweep_rejects_unknown_names_up_front():
         core.sweep("mfg.fixed_point", {"N": [1, 2]}, backend="gpu")
     with pytest.raises(core.CrossoverError, match="target=3 is invalid"):
         core.sweep(3, {"N": [1]})
+
+
+def test_each_problem_type_reaches_its_own_solver():
+    from core.api import find_solver
+    from plugins.mfg.problem import FPProblem, HJBProblem
+
+    names = {type(p).__name__: find_solver(p).name for p in
+             (FPProblem(N=10), HJBProblem(), MFGProblem(N=10), CommonNoiseProblem(N=10))}
+    assert names == {"FPProblem": "mfg.fp_particle", "HJBProblem": "mfg.hjb_fdm",
+                     "MFGProblem": "mfg.fixed_point", "CommonNoiseProblem": "mfg.common_noise"}
