@@ -109,12 +109,16 @@ def binned_density(positions: np.ndarray, h: float, xmin: float, dx: float, weig
     return mass / weights
 
 
-def images(positions: np.ndarray, xmin: float, xmax: float, h: float, boundary: str) -> list[np.ndarray]:
-    """The particle copies whose kernels reach into the domain."""
-    length = xmax - xmin
+def periodic_shifts(length: float, h: float) -> list[float]:
+    """Shifts by whole periods whose kernels still reach into the domain."""
+    reach = math.ceil(TRUNCATION * h / length)
+    return [k * length for k in range(-reach, reach + 1)]
+
+
+def images(positions, xmin: float, xmax: float, h: float, boundary: str) -> list:
+    """The particle copies whose kernels reach into the domain (NumPy arrays or torch tensors)."""
     if boundary == "periodic":
-        reach = int(math.ceil(TRUNCATION * h / length))
-        return [positions + k * length for k in range(-reach, reach + 1)]
+        return [positions + shift for shift in periodic_shifts(xmax - xmin, h)]
     return [positions, 2 * xmin - positions, 2 * xmax - positions]
 
 

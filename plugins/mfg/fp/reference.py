@@ -26,10 +26,8 @@ def scipy_density(positions: np.ndarray, h: float, problem: MFGModel) -> np.ndar
         return kde.direct_density(positions, h, problem.x, problem.xmin, problem.xmax, problem.boundary)
     estimator = gaussian_kde(positions, bw_method=h / std)
     x = problem.x
-    copies = kde.images(np.zeros(1), problem.xmin, problem.xmax, h, problem.boundary)
     if problem.boundary == "periodic":
-        shifts = [float(c[0]) for c in copies]
-        return sum(estimator(x - shift) for shift in shifts)
+        return sum(estimator(x - shift) for shift in kde.periodic_shifts(problem.length, h))
     # mirror images about each wall: kde(2*xmin - x) and kde(2*xmax - x)
     return estimator(x) + estimator(2 * problem.xmin - x) + estimator(2 * problem.xmax - x)
 

@@ -70,14 +70,22 @@ def smooth(problem, mass, bandwidths):
     return smoothed / torch.as_tensor(problem.weights(), device=mass.device, dtype=mass.dtype)
 
 
-def _bandwidths(problem, moments):
-    """Scott or fixed bandwidth per time step from (sum, sum of squares), on the device."""
+def _bandwidths(problem, sums, iqr=None):
+    """Bandwidth per time step from (sum, sum of squares) rows, on the device.
+
+    The rules of :func:`plugins.mfg.kde.bandwidth_from_stats`, vectorised;
+    ``iqr`` (one per row) is needed for Silverman only.
+    """
     torch = _torch()
     n = problem.N
     if not isinstance(problem.bandwidth, str):
-        return torch.full((moments.shape[0],), float(problem.bandwidth), dtype=moments.dtype, device=moments.device)
-    variance = torch.clamp(moments[:, 1] - moments[:, 0] ** 2 / n, min=0.0) / max(n - 1, 1)
-    return torch.clamp(torch.sqrt(variance), min=1e-12) * n ** (-0.2)
+        return torch.full((sums.shape[0],), float(problem.bandwidth), dtype=sums.dtype, device=sums.device)
+    std = torch.sqrt(torch.clamp(sums[:, 1] - sums[:, 0] ** 2 / n, min=0.0) / max(n - 1, 1))
+    spread = std
+    if problem.bandwidth == "silverman":
+        spread = torch.minimum(std, iqr / 1.34) * 0.9
+        spread = torch.where(spread > 0, spread, std)  # all particles in one place: the other statistic
+    return torch.clamp(spread, min=1e-12) * n ** (-0.2)
 
 
 def fused_available(problem, device) -> bool:
@@ -138,20 +146,11 @@ def _deposit(problem, positions, histogram, slot_index):
     flat.index_add_(0, slot_index * problem.Nx + right, frac)
 
 
-def _step_bandwidth(problem, x, moments_row):
-    """This step's bandwidth as a device scalar: the same rules as kde.bandwidth_from_stats."""
+def _quartile_spread(x):
+    """Interquartile range of the positions (torch.quantile takes at most 2**24 values)."""
     torch = _torch()
-    n = problem.N
-    if not isinstance(problem.bandwidth, str):
-        return torch.tensor(float(problem.bandwidth), dtype=torch.float64, device=x.device)
-    std = torch.sqrt(torch.clamp(moments_row[1] - moments_row[0] ** 2 / n, min=0) / max(n - 1, 1))
-    spread = std
-    if problem.bandwidth == "silverman":
-        sample = x[: min(n, 1 << 24)]  # torch.quantile's size limit
-        q = torch.quantile(sample, torch.tensor([0.25, 0.75], device=x.device, dtype=x.dtype))
-        spread = torch.minimum(std, (q[1] - q[0]) / 1.34) * 0.9
-        spread = torch.where(spread > 0, spread, std)
-    return torch.clamp(spread, min=1e-12) * n ** (-0.2)
+    q = torch.quantile(x[: 1 << 24], torch.tensor([0.25, 0.75], device=x.device, dtype=x.dtype))
+    return (q[1] - q[0]).reshape(1)
 
 
 def _direct_density(problem, x, h):
@@ -161,13 +160,8 @@ def _direct_density(problem, x, h):
     density = torch.zeros_like(grid)
     for start in range(0, problem.N, 1 << 20):
         chunk = x[start:start + (1 << 20)]
-        if problem.boundary == "periodic":
-            # one host sync per step: acceptable on this O(N * Nx) path
-            reach = int(math.ceil(kde.TRUNCATION * float(h) / problem.length))
-            copies = [chunk + k * problem.length for k in range(-reach, reach + 1)]
-        else:
-            copies = [chunk, 2 * problem.xmin - chunk, 2 * problem.xmax - chunk]
-        for copy in copies:
+        # float(h) is one host sync per step: acceptable on this O(N * Nx) path
+        for copy in kde.images(chunk, problem.xmin, problem.xmax, float(h), problem.boundary):
             density += torch.exp(-0.5 * ((grid[:, None] - copy[None, :]) / h) ** 2).sum(dim=1)
     return density / (problem.N * h * math.sqrt(2 * math.pi))
 
@@ -203,7 +197,8 @@ def _run_eager(problem, positions, drift, generator):
         x = positions.double()
         sums[n, 0] = x.sum()
         sums[n, 1] = (x * x).sum()
-        bandwidths[n] = _step_bandwidth(problem, x, sums[n])
+        iqr = _quartile_spread(x) if problem.bandwidth == "silverman" else None
+        bandwidths[n] = _bandwidths(problem, sums[n:n + 1], iqr)[0]
         if direct is not None:
             direct[n] = _direct_density(problem, x, bandwidths[n])
         else:

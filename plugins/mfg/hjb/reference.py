@@ -110,7 +110,7 @@ def neighbours(u: np.ndarray, periodic: bool) -> tuple[np.ndarray, np.ndarray]:
 
 
 def residual_and_jacobian(u: np.ndarray, u_next: np.ndarray, source: np.ndarray, dt: float, dx: float,
-                          nu: float, lam: float, periodic: bool):
+                          nu: float, lam: float, periodic: bool, neighbours=neighbours):
     """The step's residual F(u) and its tridiagonal Jacobian ``(lower, diag, upper)``.
 
     ``source`` is ``V^n + f(M^n)``. With ``a = max(Dm u, 0)`` and
@@ -119,10 +119,14 @@ def residual_and_jacobian(u: np.ndarray, u_next: np.ndarray, source: np.ndarray,
     ``dF/du_j = 1/dt + 2 nu/dx^2 + lam (a - b)/dx``,
     ``dF/du_{j+1} = -nu/dx^2 + lam b/dx``. At a reflecting wall the ghost is
     the interior neighbour, so its entry folds onto that neighbour's.
+
+    Only arithmetic, ``clip`` and item assignment are used, so the torch
+    kernel calls this same function on tensors, passing its own
+    ``neighbours``.
     """
     left, right = neighbours(u, periodic)
-    back = np.maximum((u - left) / dx, 0.0)
-    fwd = np.minimum((right - u) / dx, 0.0)
+    back = ((u - left) / dx).clip(min=0.0)
+    fwd = ((right - u) / dx).clip(max=0.0)
     residual = ((u - u_next) / dt - nu * (left - 2.0 * u + right) / dx**2
                 + 0.5 * lam * (back * back + fwd * fwd) - source)
     lower = -nu / dx**2 - lam * back / dx

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from core.validation import check_array, fail
+from plugins.mfg.hjb.reference import residual_and_jacobian
 from plugins.mfg.problem import LOG_FLOOR, HJBProblem
 
 
@@ -73,24 +74,6 @@ def _neighbours(torch, u, periodic: bool):
     left = torch.cat([u[..., 1:2], u[..., :-1]], dim=-1)
     right = torch.cat([u[..., 1:], u[..., -2:-1]], dim=-1)
     return left, right
-
-
-def _residual_and_jacobian(torch, u, u_next, source, dt, dx, nu, lam, periodic: bool):
-    """Mirrors :func:`plugins.mfg.hjb.reference.residual_and_jacobian` for a batch (K, Nx)."""
-    left, right = _neighbours(torch, u, periodic)
-    back = torch.clamp((u - left) / dx, min=0.0)
-    fwd = torch.clamp((right - u) / dx, max=0.0)
-    residual = ((u - u_next) / dt - nu * (left - 2.0 * u + right) / dx**2
-                + 0.5 * lam * (back * back + fwd * fwd) - source)
-    lower = -nu / dx**2 - lam * back / dx
-    upper = -nu / dx**2 + lam * fwd / dx
-    diag = 1.0 / dt + 2.0 * nu / dx**2 + lam * (back - fwd) / dx
-    if not periodic:
-        upper[..., 0] = upper[..., 0] + lower[..., 0]
-        lower[..., 0] = 0.0
-        lower[..., -1] = lower[..., -1] + upper[..., -1]
-        upper[..., -1] = 0.0
-    return residual, lower, diag, upper
 
 
 def _congestion_cost(torch, problem: HJBProblem, m):
@@ -149,8 +132,8 @@ def sweep_torch_batch(problem: HJBProblem, V_batch, M_batch, device=None):
         active = torch.ones(K, dtype=torch.bool, device=device)
         for k in range(1, problem.newton_max + 1):
             # V and M at level n, the level being solved for (implicit)
-            residual, lower, diag, upper = _residual_and_jacobian(torch, u, u_next, source[:, n], dt, dx, nu, lam,
-                                                                  periodic)
+            residual, lower, diag, upper = residual_and_jacobian(
+                u, u_next, source[:, n], dt, dx, nu, lam, periodic, neighbours=lambda v, p: _neighbours(torch, v, p))
             update = linear_solve(torch, lower, diag, upper, -residual)
             u = u + torch.where(active.unsqueeze(-1), update, torch.zeros_like(update))
             iterations[:, n] = torch.where(active, k, iterations[:, n])
