@@ -39,6 +39,16 @@ def read_shared(task, shared, seed):
 
 
 def thread_limits(task, shared, seed):
+    import numba
     from threadpoolctl import threadpool_info
 
-    return [p["num_threads"] for p in threadpool_info()], os.environ.get("NUMBA_NUM_THREADS")
+    return [p["num_threads"] for p in threadpool_info()], numba.get_num_threads()
+
+
+def cores_before_and_after(task, shared, seed):
+    """(cores granted at start, Numba threads at start, cores granted after sleeping ``task`` s, threads then)."""
+    from core.backends import numba_threads, process_pool
+
+    first = process_pool.cores_for_this_task(), numba_threads.threads()
+    time.sleep(task)
+    return (*first, process_pool.cores_for_this_task(), numba_threads.use_idle_cores())

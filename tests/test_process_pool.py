@@ -60,7 +60,26 @@ def test_workers_run_one_blas_and_one_numba_thread():
     results = process_pool.map_tasks(pt.thread_limits, [0, 1], workers=2)
     for counts, numba_threads in results:
         assert all(c == 1 for c in counts)
-        assert numba_threads == "1"
+        assert numba_threads == 1
+
+
+def test_idle_workers_cores_go_to_the_last_running_task():
+    # task 1 outlives tasks 0 and 2: it starts while task 2 still waits (one core), and once
+    # the others are done it may use both workers' cores; task 2 starts with nothing waiting
+    # but task 1 running, so it gets one core of two
+    results = process_pool.map_tasks(pt.cores_before_and_after, [0.0, 1.5, 0.0], workers=2)
+    assert results[1] == (1, 1, 2, 2)
+    assert results[2][:2] == (1, 1)
+    # cores lent to a task go back before the worker's next task
+    after = process_pool.map_tasks(pt.thread_limits, [0, 1], workers=2)
+    assert [threads for _, threads in after] == [1, 1]
+    assert process_pool.cores_for_this_task() is None  # not in a pool task
+
+
+def test_lending_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv("CROSSOVER_LEND_IDLE_CORES", "0")
+    results = process_pool.map_tasks(pt.cores_before_and_after, [0.0, 1.0], workers=2)
+    assert results[1] == (1, 1, 1, 1)
 
 
 def test_empty_task_list():

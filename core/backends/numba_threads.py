@@ -28,6 +28,26 @@ def threads() -> int:
     return int(numba.get_num_threads())
 
 
+def use_idle_cores() -> int:
+    """Before a parallel kernel inside a process-pool task: take the cores idle workers left.
+
+    Outside a pool task this changes nothing. Inside one, Numba runs on the
+    number of cores :func:`core.backends.process_pool.cores_for_this_task`
+    grants (one while other tasks still wait). Returns the thread count the
+    next kernel will use. Kernels whose result does not depend on the thread
+    count (private partial sums, per-item random streams) can call this
+    freely: it changes their speed, never their answer.
+    """
+    import numba
+
+    from core.backends.process_pool import cores_for_this_task
+
+    cores = cores_for_this_task()
+    if cores is not None:
+        numba.set_num_threads(min(cores, numba.config.NUMBA_NUM_THREADS))
+    return int(numba.get_num_threads())
+
+
 def _probe() -> Availability:
     if importlib.util.find_spec("numba") is None:
         return Availability(False, "numba is not installed (pip install numba)")

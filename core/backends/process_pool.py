@@ -5,7 +5,10 @@ Why each choice:
 - *forkserver* (spawn where unavailable): OpenMP, Numba's thread pool and
   CUDA are not fork-safe, so workers never fork a threaded parent.
 - *one BLAS and one Numba thread per worker*: N workers times N threads each
-  would oversubscribe the cores and run slower than either alone.
+  would oversubscribe the cores and run slower than either alone. Once no
+  task waits for a worker, though, the idle workers' cores are lent to the
+  tasks still running (:func:`cores_for_this_task`), so that a map's last
+  few long tasks do not run on one core each while the rest sit idle.
 - *shared memory for large inputs*: pickling a 100 MB array to every task
   costs more than most tasks do.
 - *a start/finish marker per task in shared memory*: when a worker dies the
@@ -63,7 +66,7 @@ def get_executor(workers: int | None = None) -> ProcessPoolExecutor:
         pin = os.environ.get("CROSSOVER_PIN_WORKERS", "").strip().lower() in ("1", "true", "yes", "on")
         counter = context.Value("i", 0) if pin and hasattr(os, "sched_setaffinity") else None
         _executor = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
-                                        initargs=(counter,))
+                                        initargs=(counter, workers))
         _executor_workers = workers
     return _executor
 
@@ -83,8 +86,11 @@ def _is_broken(executor: ProcessPoolExecutor) -> bool:
     return bool(getattr(executor, "_broken", False))
 
 
-def _init_worker(counter=None) -> None:
+def _init_worker(counter=None, workers: int = 1) -> None:
     """Pin each worker to one BLAS and one Numba thread (see module docstring).
+
+    Numba's pool is sized for ``workers`` threads but set to use one: a task
+    may raise it later, when :func:`cores_for_this_task` says cores are idle.
 
     With ``CROSSOVER_PIN_WORKERS=1`` each worker is also bound to its own
     core (worker i to the i-th usable core), so the scheduler never moves a
@@ -98,11 +104,16 @@ def _init_worker(counter=None) -> None:
         os.sched_setaffinity(0, {cores[index % len(cores)]})
     for variable in _THREAD_VARIABLES:
         os.environ[variable] = "1"
+    os.environ["NUMBA_NUM_THREADS"] = str(max(1, min(workers, os.cpu_count() or 1)))
+    try:
+        import numba  # before the limits below, so that they cover the OpenMP runtime numba loads
+    except ImportError:
+        pass
+    else:
+        numba.set_num_threads(1)
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(1)
-    if "numba" in sys.modules:
-        sys.modules["numba"].set_num_threads(1)
     from core import timings
 
     timings.disable()
@@ -159,13 +170,48 @@ def _views(handles: Mapping[str, ArrayHandle]) -> dict[str, np.ndarray]:
     return views
 
 
+# In a worker, while a task runs: its map's task states, and the cores the map may lend out.
+_states: np.ndarray | None = None
+_lendable = 1
+
+
 def _run_task(fn: TaskFn, index: int, task: Any, handles: Mapping[str, ArrayHandle],
-              seed: np.random.SeedSequence | None, marker: str) -> Any:
-    states = np.ndarray((index + 1,), np.int8, buffer=_attach(marker).buf)
+              seed: np.random.SeedSequence | None, marker: str, count: int, lendable: int) -> Any:
+    global _states, _lendable
+    states = np.ndarray((count,), np.int8, buffer=_attach(marker).buf)
     states[index] = _STARTED
-    result = fn(task, _views(handles), seed)
+    _states, _lendable = states, lendable
+    try:
+        result = fn(task, _views(handles), seed)
+    finally:
+        _states = None
+        if "numba" in sys.modules:  # cores lent to this task go back before the next one
+            sys.modules["numba"].set_num_threads(1)
     states[index] = _FINISHED
     return result
+
+
+def cores_for_this_task() -> int | None:
+    """How many cores the running pool task may use now; None outside a pool task.
+
+    One while any task of the map still waits for a worker. After that, the
+    pool's cores are shared evenly among the tasks still running: with 16
+    workers and 3 tasks left, each may use 5. Tasks ask between their
+    parallel kernels; the answer is a snapshot of the markers, not a lock.
+    With ``CROSSOVER_LEND_IDLE_CORES=0`` in the calling process every task
+    keeps one core (to measure what lending gains).
+    """
+    if _states is None:
+        return None
+    waiting = int(np.count_nonzero(_states == 0))
+    running = max(int(np.count_nonzero(_states == _STARTED)), 1)
+    return 1 if waiting else max(1, _lendable // running)
+
+
+def _lendable_cores(workers: int) -> int:
+    """Read in the calling process, not the workers: they keep the environment they started with."""
+    lend = os.environ.get("CROSSOVER_LEND_IDLE_CORES", "1").strip().lower() not in ("0", "false", "no", "off")
+    return workers if lend else 1
 
 
 # -- the map -----------------------------------------------------------------
@@ -192,7 +238,8 @@ def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarr
     try:
         executor = get_executor(workers)
         seeds = task_seeds(seed, len(tasks))
-        futures = [executor.submit(_run_task, fn, i, task, handles, s, marker.name)
+        lendable = _lendable_cores(_executor_workers)
+        futures = [executor.submit(_run_task, fn, i, task, handles, s, marker.name, len(tasks), lendable)
                    for i, (task, s) in enumerate(zip(tasks, seeds))]
         wait(futures)
         results: list[Any] = [None] * len(tasks)
@@ -229,7 +276,7 @@ def _crash_error(fn: TaskFn, tasks: list, labels: list[str], suspects: list[int]
         for i in suspects:
             try:
                 results[i] = get_executor(workers).submit(
-                    _run_task, fn, i, tasks[i], handles, seeds[i], marker).result()
+                    _run_task, fn, i, tasks[i], handles, seeds[i], marker, len(tasks), 1).result()
             except BrokenProcessPool:
                 culprits.append(i)
                 shutdown()

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from core.backends import numba_threads
 from core.tasks import run_serially, task_seeds
 from plugins.mfg.coupling import STEPS, picard, picard_batch
 from plugins.mfg.problem import CommonNoiseProblem, FPProblem, HJBProblem, MFGProblem
@@ -57,8 +58,10 @@ def path_task(task: tuple, shared: Mapping[str, np.ndarray], seed) -> dict[str, 
     theta = ou_path(problem, seed)
     hjb, fp = STEPS[steps]()
     out = picard(conditional_problem(problem), hjb, fp, V_t=shifted_potential(problem, theta))
+    # a path's cores only grow (idle workers' cores are lent once no path waits), so the last count is the most
+    threads = numba_threads.threads() if steps == "numba" else 1
     return {"U": out["U"], "M": out["M"], "converged": out["converged"], "iterations": out["iterations"],
-            "theta": theta, "seconds": time.perf_counter() - started}
+            "theta": theta, "seconds": time.perf_counter() - started, "threads": threads}
 
 
 def summarize(problem: CommonNoiseProblem, paths: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -76,6 +79,7 @@ def summarize(problem: CommonNoiseProblem, paths: list[dict[str, np.ndarray]]) -
         "converged": np.array([bool(p["converged"]) for p in paths]),
         "iterations": np.array([int(p["iterations"]) for p in paths]),
         "path_seconds": np.array([float(p.get("seconds", np.nan)) for p in paths]),
+        "path_threads": np.array([int(p.get("threads", 1)) for p in paths]),
     }
 
 

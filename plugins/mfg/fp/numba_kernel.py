@@ -16,13 +16,26 @@ import numpy as np
 from numba import prange
 
 from core.backends.numba_random import normal_pair, stream_keys
-from core.backends.numba_threads import jit
+from core.backends.numba_threads import jit, use_idle_cores
 from plugins.mfg import kde
 from plugins.mfg.fp.common import drift_table, initial_positions
 from plugins.mfg.problem import MFGModel
 
-CHUNK = 4096  # particles per private histogram; even, so pairs never straddle chunks
 _PERIODIC, _REFLECTING = 0, 1
+
+
+def chunk_size(n: int) -> int:
+    """Particles per private histogram: even, so pairs never straddle chunks.
+
+    At least 64 chunks when N allows (so that extra threads lent to a
+    running task have work to share), at least 512 particles each (so that a
+    chunk's zeroing and merging stay small next to its particles), at most
+    4096 (the fixed size the large-N throughput in docs/mfg.md was measured
+    with). The chunking depends on N only, so results do not depend on the
+    thread count.
+    """
+    size = min(max(-(-n // 64), 512), 4096)
+    return size + size % 2
 
 
 @jit(error_model="numpy")
@@ -55,7 +68,7 @@ def _place(x, xmin, length, boundary):
 
 
 @jit(parallel=True, error_model="numpy")
-def _step(positions, states, drift, xmin, dx, length, nx, boundary, dt, noise, mass, moments, move):
+def _step(positions, states, drift, xmin, dx, length, nx, boundary, dt, noise, mass, moments, move, chunk):
     """Advance every particle one step (unless ``move`` is False) and bin it.
 
     ``mass[c]`` and ``moments[c]`` are chunk c's private histogram and
@@ -68,8 +81,8 @@ def _step(positions, states, drift, xmin, dx, length, nx, boundary, dt, noise, m
         histogram = np.zeros(nx)
         total = 0.0
         squares = 0.0
-        stop = min(n, (c + 1) * CHUNK)
-        for i in range(c * CHUNK, stop, 2):
+        stop = min(n, (c + 1) * chunk)
+        for i in range(c * chunk, stop, 2):
             x0 = positions[i]
             x1 = positions[i + 1] if i + 1 < stop else x0
             if move:
@@ -113,11 +126,13 @@ def _key_states(seed: int | None, n: int) -> np.ndarray:
 
 def solve_numba(problem, U: np.ndarray | None = None) -> dict[str, np.ndarray]:
     U = problem.U if U is None else U
+    use_idle_cores()  # in a pool task (common noise, sweeps): the idle workers' cores, if any
     rng = np.random.default_rng(problem.seed)
     positions = initial_positions(problem, rng.random(problem.N), rng.random(problem.N))
     states = _key_states(problem.seed, problem.N)
     drift = drift_table(problem, U)
-    chunks = -(-problem.N // CHUNK)
+    chunk = chunk_size(problem.N)
+    chunks = -(-problem.N // chunk)
     mass = np.zeros((chunks, problem.Nx))
     moments = np.zeros((chunks, 2))
     boundary = _PERIODIC if problem.boundary == "periodic" else _REFLECTING
@@ -131,7 +146,7 @@ def solve_numba(problem, U: np.ndarray | None = None) -> dict[str, np.ndarray]:
     for n in range(steps):
         row = drift[max(n - 1, 0)]  # step n moves particles from t_{n-1} to t_n
         _step(positions, states, row, problem.xmin, problem.dx, problem.length, problem.Nx, boundary,
-              problem.dt, noise, mass, moments, n > 0)
+              problem.dt, noise, mass, moments, n > 0, chunk)
         totals = moments.sum(axis=0)
         summary[n] = mean_and_variance(totals, problem.N)
         binned[n] = mass.sum(axis=0) / problem.N
