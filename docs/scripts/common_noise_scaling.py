@@ -4,8 +4,14 @@
 
 Each pool is warmed up first (workers started, Numba kernels loaded from the
 on-disk cache in every worker), so the figure is the steady state a sweep
-or a long calibration sees. Both runs use the same paths, so their results
-are identical; the script checks that too.
+or a long calibration sees. Every run uses the same paths, so every result
+is identical; the script checks that too.
+
+The timings are medians over repeats, as asv reports them: on a shared
+virtual machine one run of a few seconds can land on a burst of the
+neighbours' load. The W-worker runs alternate between lending idle workers'
+cores to the last paths and not lending them (``CROSSOVER_LEND_IDLE_CORES``),
+so the two are compared under the same conditions.
 
 It also measures the host's all-core penalty: the same pure-Python loop
 timed as one task alone and as one of W tasks running at once. A loop that
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -27,14 +34,15 @@ from plugins.mfg.common_noise import solve_process
 from plugins.mfg.problem import CommonNoiseProblem
 
 
-def timed_on(workers: int, problem: CommonNoiseProblem) -> tuple[float, dict]:
-    import os
-
+def warm_up(workers: int, problem: CommonNoiseProblem) -> None:
     os.environ["CROSSOVER_WORKERS"] = str(workers)
     # many tiny paths, so that every worker (not just the first to be free) has loaded the
     # Numba kernels before the clock starts: a worker's first path pays ~0.7 s for that
-    warm = CommonNoiseProblem(**{**problem.model_fields(), "K": 8 * workers, "N": 500, "Nt": 5})
-    solve_process(warm)
+    solve_process(CommonNoiseProblem(**{**problem.model_fields(), "K": 8 * workers, "N": 500, "Nt": 5}))
+
+
+def timed(problem: CommonNoiseProblem, lend: bool) -> tuple[float, dict]:
+    os.environ["CROSSOVER_LEND_IDLE_CORES"] = "1" if lend else "0"  # read by the calling process, per map
     started = time.perf_counter()
     out = solve_process(problem)
     return time.perf_counter() - started, out
@@ -56,6 +64,12 @@ def all_core_penalty(workers: int, loops: int = 3_000_000) -> float:
     return float(np.median(crowded) / np.median(alone))
 
 
+def path_slowdown(one: dict, many: dict) -> float:
+    """Time of the paths that ran on one core throughout, under full load over alone."""
+    alone = many["path_threads"] == 1
+    return float(many["path_seconds"][alone].sum() / one["path_seconds"][alone].sum())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=16)
@@ -64,28 +78,53 @@ def main() -> None:
     parser.add_argument("--Nx", type=int, default=51)
     parser.add_argument("--Nt", type=int, default=51)
     parser.add_argument("--preset", default="lq")
+    parser.add_argument("--repeats", type=int, default=5, help="W-worker runs of each kind")
+    parser.add_argument("--one-repeats", type=int, default=2, help="1-worker runs")
     args = parser.parse_args()
     problem = CommonNoiseProblem(preset=args.preset, K=args.K, N=args.N, Nx=args.Nx, Nt=args.Nt)
-    penalty = all_core_penalty(args.workers)
-    one, out_one = timed_on(1, problem)
-    many, out_many = timed_on(args.workers, problem)
+    w = args.workers
+
+    penalty = all_core_penalty(w)
+    ones: list[tuple[float, dict]] = []
+
+    def one_worker_runs(count: int) -> None:
+        warm_up(1, problem)
+        ones.extend(timed(problem, lend=True) for _ in range(count))  # one worker has nothing to lend
+
+    # the 1-worker runs before and after the W-worker ones, so that a drift of the host's load shows
+    one_worker_runs(args.one_repeats - args.one_repeats // 2)
+    warm_up(w, problem)
+    runs: dict[bool, list[tuple[float, dict]]] = {True: [], False: []}
+    for _ in range(args.repeats):
+        for lend in (True, False):
+            runs[lend].append(timed(problem, lend))
+    one_worker_runs(args.one_repeats // 2)
     process_pool.shutdown()
-    same = bool(np.array_equal(out_one["M_mean"], out_many["M_mean"]))
-    efficiency = one / (args.workers * many)
-    print(f"1 worker: {one:.2f} s; {args.workers} workers: {many:.2f} s; speed-up {one / many:.2f}x; "
-          f"parallel efficiency {efficiency:.1%}; identical results: {same}; "
-          f"paths converged: {int(out_many['converged'].sum())}/{args.K}")
-    # where the efficiency goes: paths slower when every core runs (clock, shared caches), or a tail
-    # of last paths; paths that ran on one core throughout time the first, lent cores shorten the second
-    alone = out_many["path_threads"] == 1
-    slowdown = out_many["path_seconds"][alone].sum() / out_one["path_seconds"][alone].sum()
-    print(f"host all-core penalty (pure-Python probe): x{penalty:.2f}; one-core paths under full load: "
-          f"x{slowdown:.2f} ({int(alone.sum())} of {args.K}); cores lent to the last paths: "
-          f"{sorted(out_many['path_threads'][~alone].tolist())}; iterations per path "
-          f"{out_many['iterations'].min()}..{out_many['iterations'].max()}")
-    print(json.dumps({"workers": args.workers, "K": args.K, "N": args.N, "one_worker_s": one, "many_workers_s": many,
-                      "efficiency": efficiency, "identical": same, "all_core_penalty": penalty,
-                      "path_slowdown": slowdown}))
+
+    reference = ones[0][1]
+    identical = all(np.array_equal(reference["M_mean"], out["M_mean"])
+                    for out in [o for _, o in ones] + [o for r in runs.values() for _, o in r])
+    one = float(np.median([t for t, _ in ones]))
+    print(f"host: {os.cpu_count()} cores; all-core penalty of a pure-Python probe: x{penalty:.2f}")
+    print(f"1 worker: {', '.join(f'{t:.2f}' for t, _ in ones)} s (median {one:.2f} s)")
+    summary = {"workers": w, "K": args.K, "N": args.N, "one_worker_s": one, "all_core_penalty": penalty,
+               "identical": identical}
+    for lend, label in ((True, "lending idle cores"), (False, "one core per path")):
+        times = [t for t, _ in runs[lend]]
+        many = float(np.median(times))
+        slow = [path_slowdown(reference, out) for _, out in runs[lend]]
+        lent = sorted(runs[lend][int(np.argsort(times)[len(times) // 2])][1]["path_threads"].tolist())[-8:]
+        print(f"{w} workers, {label}: {', '.join(f'{t:.2f}' for t in times)} s (median {many:.2f} s); "
+              f"efficiency per run {', '.join(f'{one / (w * t):.1%}' for t in times)}; "
+              f"median efficiency {one / (w * many):.1%}; one-core path slowdown "
+              f"{', '.join(f'x{s:.2f}' for s in slow)}" + (f"; cores of the last paths {lent}" if lend else ""))
+        key = "lend" if lend else "no_lend"
+        summary[f"{key}_s"] = times
+        summary[f"{key}_efficiency"] = one / (w * many)
+    print(f"identical results in every run: {identical}; paths converged: "
+          f"{int(reference['converged'].sum())}/{args.K}; iterations per path "
+          f"{reference['iterations'].min()}..{reference['iterations'].max()}")
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":
