@@ -67,9 +67,13 @@ def test_idle_workers_cores_go_to_the_last_running_task():
     # task 1 outlives tasks 0 and 2: it starts while task 2 still waits (one core), and once
     # the others are done it may use both workers' cores; task 2 starts with nothing waiting
     # but task 1 running, so it gets one core of two
-    results = process_pool.map_tasks(pt.cores_before_and_after, [0.0, 1.5, 0.0], workers=2)
+    results = process_pool.map_tasks(pt.cores_before_and_after, [0.0, 3.0, 0.0], workers=2)
     assert results[1] == (1, 1, 2, 2)
     assert results[2][:2] == (1, 1)
+    # 3 workers, 2 long tasks left: the spare core goes to the one that started last (task 3,
+    # which ends first and gets 2); task 2, alone by the time it ends, gets all 3
+    results = process_pool.map_tasks(pt.cores_before_and_after, [0.0, 0.0, 3.0, 1.0], workers=3)
+    assert [r[2] for r in results[2:]] == [3, 2]
     # cores lent to a task go back before the worker's next task
     after = process_pool.map_tasks(pt.thread_limits, [0, 1], workers=2)
     assert [threads for _, threads in after] == [1, 1]

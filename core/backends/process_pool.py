@@ -172,15 +172,16 @@ def _views(handles: Mapping[str, ArrayHandle]) -> dict[str, np.ndarray]:
 
 # In a worker, while a task runs: its map's task states, and the cores the map may lend out.
 _states: np.ndarray | None = None
+_index = 0
 _lendable = 1
 
 
 def _run_task(fn: TaskFn, index: int, task: Any, handles: Mapping[str, ArrayHandle],
               seed: np.random.SeedSequence | None, marker: str, count: int, lendable: int) -> Any:
-    global _states, _lendable
+    global _states, _index, _lendable
     states = np.ndarray((count,), np.int8, buffer=_attach(marker).buf)
     states[index] = _STARTED
-    _states, _lendable = states, lendable
+    _states, _index, _lendable = states, index, lendable
     try:
         result = fn(task, _views(handles), seed)
     finally:
@@ -195,17 +196,24 @@ def cores_for_this_task() -> int | None:
     """How many cores the running pool task may use now; None outside a pool task.
 
     One while any task of the map still waits for a worker. After that, the
-    pool's cores are shared evenly among the tasks still running: with 16
-    workers and 3 tasks left, each may use 5. Tasks ask between their
-    parallel kernels; the answer is a snapshot of the markers, not a lock.
+    pool's cores are shared among the tasks still running: with 16 workers
+    and 3 tasks left, one may use 6 and two 5. The spare cores of an uneven
+    split go to the tasks that started last, which have the most work left.
+    Tasks ask between their parallel kernels; the answer is a snapshot of
+    the markers, not a lock.
     With ``CROSSOVER_LEND_IDLE_CORES=0`` in the calling process every task
     keeps one core (to measure what lending gains).
     """
     if _states is None:
         return None
-    waiting = int(np.count_nonzero(_states == 0))
-    running = max(int(np.count_nonzero(_states == _STARTED)), 1)
-    return 1 if waiting else max(1, _lendable // running)
+    if np.any(_states == 0):
+        return 1
+    running = np.flatnonzero(_states == _STARTED)
+    if running.size == 0 or running.size >= _lendable:
+        return 1
+    later = int(np.count_nonzero(running > _index))  # tasks are handed out in index order
+    base, spare = divmod(_lendable, running.size)
+    return base + (1 if later < spare else 0)
 
 
 def _lendable_cores(workers: int) -> int:
