@@ -125,6 +125,17 @@ def test_direct_kde_reference_matches_the_exact_sum():
         assert np.allclose(scipy_density(x, 0.05, p), exact, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("fields", [{"N": 20_000, "Nt": 12}, {"N": 4_099, "Nt": 5, "boundary": "reflecting"}])
+def test_numba_all_steps_kernel_equals_the_step_by_step_one(fields):
+    # the same additions in the same order: equal bit for bit, odd N (a lone last particle) included
+    from plugins.mfg.fp.numba_kernel import solve_particles
+
+    p = FPProblem(**fields)
+    fused, stepwise = solve_particles(p, None, fused=True), solve_particles(p, None, fused=False)
+    for name in ("M", "bandwidth", "moments"):
+        assert np.array_equal(fused[name], stepwise[name]), name
+
+
 def test_numba_is_independent_of_thread_count():
     import numba
 

@@ -1,8 +1,15 @@
-"""Numba FP solver: one fused particle step (drift, noise, boundary, binning) per time step.
+"""Numba FP solver: fused particle steps (drift, noise, boundary, binning).
 
 The loop over particles runs in parallel chunks; each chunk writes its own
-row of a (chunks, Nx) histogram, so no two threads ever add to the same bin
-and the result does not depend on the thread count. Each particle owns a
+histogram rows, so no two threads ever add to the same bin and the result
+does not depend on the thread count. By default one call runs every time
+step: each pair of particles goes through all steps while it sits in
+registers, into (chunks, steps, Nx) histograms, so the particles cross
+memory once per solve instead of once per step and Python is entered once
+instead of Nt times. That needs every step's histograms at once, so the
+direct KDE and Silverman's rule (which need each step's particles) and
+problems whose histograms would pass ``FUSED_BYTES`` go step by step.
+Both ways add the same numbers in the same order and agree bit for bit. Each particle owns a
 SplitMix64 stream keyed by (seed, particle), so numba agrees with numpy in
 distribution, not bit for bit. The Gaussian smoothing and the bandwidth
 rule are the shared ones in :mod:`plugins.mfg.kde`.
@@ -22,6 +29,7 @@ from plugins.mfg.fp.common import drift_table, initial_positions
 from plugins.mfg.problem import MFGModel
 
 _PERIODIC, _REFLECTING = 0, 1
+FUSED_BYTES = 32 * 2**20  # the largest (chunks, steps, Nx) histogram the all-steps kernel may fill
 
 
 def chunk_size(n: int) -> int:
@@ -105,6 +113,39 @@ def _step(positions, states, drift, xmin, dx, length, nx, boundary, dt, noise, m
         moments[c, 1] = squares
 
 
+@jit(parallel=True, error_model="numpy")
+def _all_steps(positions, states, drift, xmin, dx, length, nx, boundary, dt, noise, chunk, mass, moments):
+    """Every time step, pair by pair: ``mass[c, n]`` and ``moments[c, n]`` are chunk c's at step n.
+
+    Within a chunk the pairs run in order, so each (chunk, step) histogram
+    receives the same additions in the same order as in :func:`_step`.
+    """
+    n = positions.size
+    for c in prange(mass.shape[0]):
+        stop = min(n, (c + 1) * chunk)
+        for i in range(c * chunk, stop, 2):
+            second = i + 1 < stop
+            x0 = positions[i]
+            x1 = positions[i + 1] if second else x0
+            state = states[i // 2]
+            for step in range(mass.shape[1]):
+                if step > 0:  # step n moves particles from t_{n-1} to t_n with the drift of t_{n-1}
+                    state, z0, z1 = normal_pair(state)
+                    x0 = _advance(x0, z0, drift[step - 1], xmin, dx, length, nx, boundary, dt, noise)
+                    x1 = _advance(x1, z1, drift[step - 1], xmin, dx, length, nx, boundary, dt, noise)
+                _deposit(mass[c, step], x0, xmin, dx, nx, boundary)
+                moments[c, step, 0] += x0
+                moments[c, step, 1] += x0 * x0
+                if second:
+                    _deposit(mass[c, step], x1, xmin, dx, nx, boundary)
+                    moments[c, step, 0] += x1
+                    moments[c, step, 1] += x1 * x1
+            states[i // 2] = state
+            positions[i] = x0
+            if second:
+                positions[i + 1] = x1
+
+
 @jit(error_model="numpy")
 def _advance(x, z, drift, xmin, dx, length, nx, boundary, dt, noise):
     left, frac, right = _cell(x, xmin, dx, nx, boundary)
@@ -125,6 +166,14 @@ def _key_states(seed: int | None, n: int) -> np.ndarray:
 
 
 def solve_numba(problem, U: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    chunks = -(-problem.N // chunk_size(problem.N))
+    fused = (problem.kde == "binned" and problem.bandwidth != "silverman"
+             and chunks * (problem.Nt + 1) * problem.Nx * 8 <= FUSED_BYTES)
+    return solve_particles(problem, U, fused)
+
+
+def solve_particles(problem, U: np.ndarray | None, fused: bool) -> dict[str, np.ndarray]:
+    """The solve: all steps in one kernel (``fused``: binned KDE, Scott or fixed bandwidth) or step by step."""
     U = problem.U if U is None else U
     use_idle_cores()  # in a pool task (common noise, sweeps): the idle workers' cores, if any
     rng = np.random.default_rng(problem.seed)
@@ -133,29 +182,33 @@ def solve_numba(problem, U: np.ndarray | None = None) -> dict[str, np.ndarray]:
     drift = drift_table(problem, U)
     chunk = chunk_size(problem.N)
     chunks = -(-problem.N // chunk)
-    mass = np.zeros((chunks, problem.Nx))
-    moments = np.zeros((chunks, 2))
     boundary = _PERIODIC if problem.boundary == "periodic" else _REFLECTING
     noise = problem.sigma * math.sqrt(problem.dt)
-    weights = problem.weights()
     steps = problem.Nt + 1
-    binned = np.empty((steps, problem.Nx))
-    bandwidths = np.empty(steps)
-    summary = np.empty((steps, 2))
+    geometry = (problem.xmin, problem.dx, problem.length, problem.Nx, boundary, problem.dt, noise)
     direct = np.empty((steps, problem.Nx)) if problem.kde == "direct" else None
-    for n in range(steps):
-        row = drift[max(n - 1, 0)]  # step n moves particles from t_{n-1} to t_n
-        _step(positions, states, row, problem.xmin, problem.dx, problem.length, problem.Nx, boundary,
-              problem.dt, noise, mass, moments, n > 0, chunk)
-        totals = moments.sum(axis=0)
-        summary[n] = mean_and_variance(totals, problem.N)
-        binned[n] = mass.sum(axis=0) / problem.N
-        bandwidths[n] = _bandwidth(problem, positions, totals)
-        if direct is not None:
-            direct[n] = kde.direct_density(positions, bandwidths[n], problem.x, problem.xmin, problem.xmax,
-                                           problem.boundary)
+    if fused:
+        mass = np.zeros((chunks, steps, problem.Nx))
+        moments = np.zeros((chunks, steps, 2))
+        _all_steps(positions, states, drift, *geometry, chunk, mass, moments)
+        binned, totals = mass.sum(axis=0), moments.sum(axis=0)
+        bandwidths = np.array([_bandwidth(problem, positions, row) for row in totals])
+    else:
+        mass = np.zeros((chunks, problem.Nx))
+        moments = np.zeros((chunks, 2))
+        binned, totals, bandwidths = np.empty((steps, problem.Nx)), np.empty((steps, 2)), np.empty(steps)
+        for n in range(steps):
+            _step(positions, states, drift[max(n - 1, 0)], *geometry, mass, moments, n > 0, chunk)
+            binned[n], totals[n] = mass.sum(axis=0), moments.sum(axis=0)
+            bandwidths[n] = _bandwidth(problem, positions, totals[n])
+            if direct is not None:
+                direct[n] = kde.direct_density(positions, bandwidths[n], problem.x, problem.xmin, problem.xmax,
+                                               problem.boundary)
+    summary = np.array([mean_and_variance(row, problem.N) for row in totals])
+    weights = problem.weights()
     # the Gaussian smoothing of every step at once, after the particle loop
-    M = direct if direct is not None else kde.smooth_steps(binned, bandwidths, problem.dx, problem.boundary) / weights
+    M = direct if direct is not None else (
+        kde.smooth_steps(binned / problem.N, bandwidths, problem.dx, problem.boundary) / weights)
     return {"M": M, "bandwidth": bandwidths, "mass": M @ weights, "moments": summary}
 
 
