@@ -136,6 +136,20 @@ def test_numba_all_steps_kernel_equals_the_step_by_step_one(fields):
         assert np.array_equal(fused[name], stepwise[name]), name
 
 
+def test_numba_starting_state_is_drawn_once_per_seed_and_never_shared():
+    from plugins.mfg.fp.numba_kernel import starting_state
+
+    p = FPProblem(N=1_001, seed=7)
+    first, keys = starting_state(p)
+    first_copy = first.copy()
+    first[:] = -1.0  # a kernel overwrites what it gets: the kept state must not change
+    keys[:] = 0
+    again, keys_again = starting_state(p)
+    assert np.array_equal(again, first_copy) and np.any(keys_again != 0)
+    unseeded = FPProblem(N=1_001, seed=None)
+    assert not np.array_equal(starting_state(unseeded)[0], starting_state(unseeded)[0])
+
+
 def test_numba_is_independent_of_thread_count():
     import numba
 
