@@ -209,7 +209,7 @@ def cores_for_this_task() -> int | None:
     if np.any(_states == 0):
         return 1
     running = np.flatnonzero(_states == _STARTED)
-    if running.size == 0 or running.size >= _lendable:
+    if running.size >= _lendable:  # this task is among them, so there is at least one
         return 1
     later = int(np.count_nonzero(running > _index))  # tasks are handed out in index order
     base, spare = divmod(_lendable, running.size)

@@ -49,11 +49,10 @@ def fp_memory(problem: FPProblem, backend: str) -> float:
     if backend == "torch":
         return 12.0 * problem.N + 4.0 * (problem.Nt + 1) * 128 * problem.Nx + 4 * grid
     if backend == "numba":
-        from plugins.mfg.fp.numba_kernel import FUSED_BYTES, chunk_size
+        from plugins.mfg.fp.numba_kernel import all_steps_bytes, runs_all_steps
 
-        # the all-steps kernel's per-chunk histograms, when it runs (see numba_kernel)
-        histograms = 8.0 * -(-problem.N // chunk_size(problem.N)) * (problem.Nt + 1) * problem.Nx
-        return 24.0 * problem.N + 3 * grid + (histograms if histograms <= FUSED_BYTES else 0.0)
+        histograms = all_steps_bytes(problem) if runs_all_steps(problem) else 0
+        return 24.0 * problem.N + 3 * grid + histograms
     return 64.0 * problem.N + 3 * grid  # numpy temporaries
 
 

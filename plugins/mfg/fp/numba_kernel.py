@@ -9,8 +9,8 @@ memory once per solve instead of once per step and Python is entered once
 instead of Nt times. That needs every step's histograms at once, so the
 direct KDE and Silverman's rule (which need each step's particles) and
 problems whose histograms would pass ``FUSED_BYTES`` go step by step.
-Both ways add the same numbers in the same order and agree bit for bit. Each particle owns a
-SplitMix64 stream keyed by (seed, particle), so numba agrees with numpy in
+Both ways add the same numbers in the same order and agree bit for bit.
+Each particle owns a SplitMix64 stream keyed by (seed, particle), so numba agrees with numpy in
 distribution, not bit for bit. The Gaussian smoothing and the bandwidth
 rule are the shared ones in :mod:`plugins.mfg.kde`.
 """
@@ -187,11 +187,18 @@ def starting_state(problem) -> tuple[np.ndarray, np.ndarray]:
     return positions, states
 
 
+def all_steps_bytes(problem) -> int:
+    """Memory of the all-steps kernel's (chunks, steps, Nx) histograms."""
+    return 8 * -(-problem.N // chunk_size(problem.N)) * (problem.Nt + 1) * problem.Nx
+
+
+def runs_all_steps(problem) -> bool:
+    """Whether :func:`solve_numba` takes the all-steps kernel (see the module docstring)."""
+    return problem.kde == "binned" and problem.bandwidth != "silverman" and all_steps_bytes(problem) <= FUSED_BYTES
+
+
 def solve_numba(problem, U: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    chunks = -(-problem.N // chunk_size(problem.N))
-    fused = (problem.kde == "binned" and problem.bandwidth != "silverman"
-             and chunks * (problem.Nt + 1) * problem.Nx * 8 <= FUSED_BYTES)
-    return solve_particles(problem, U, fused)
+    return solve_particles(problem, U, runs_all_steps(problem))
 
 
 def solve_particles(problem, U: np.ndarray | None, fused: bool) -> dict[str, np.ndarray]:

@@ -42,26 +42,14 @@ def thomas(lower: np.ndarray, diag: np.ndarray, upper: np.ndarray, rhs: np.ndarr
     0-d numpy values.
     """
     if lower.ndim == diag.ndim == upper.ndim == rhs.ndim == 1:
-        return np.array(_thomas_floats(lower.tolist(), diag.tolist(), upper.tolist(), rhs.tolist()))
-    n = diag.shape[-1]
+        return np.array(_sweep(lower.tolist(), diag.tolist(), upper.tolist(), rhs.tolist()))
     # sweep along the first axis of transposed views: a[j] indexes faster than a[..., j]
     a, b, c = (np.moveaxis(v, -1, 0) for v in np.broadcast_arrays(lower, diag, upper))
-    d = np.moveaxis(rhs, -1, 0)
-    c_prime = np.empty(a.shape)
-    x = np.empty(np.broadcast_shapes(a.shape, d.shape))
-    c_prime[0] = c[0] / b[0]
-    x[0] = d[0] / b[0]
-    for j in range(1, n):
-        pivot = b[j] - a[j] * c_prime[j - 1]
-        c_prime[j] = c[j] / pivot
-        x[j] = (d[j] - a[j] * x[j - 1]) / pivot
-    for j in range(n - 2, -1, -1):
-        x[j] = x[j] - c_prime[j] * x[j + 1]
-    return np.moveaxis(x, 0, -1)
+    return np.moveaxis(np.stack(np.broadcast_arrays(*_sweep(a, b, c, np.moveaxis(rhs, -1, 0)))), 0, -1)
 
 
-def _thomas_floats(a: list[float], b: list[float], c: list[float], d: list[float]) -> list[float]:
-    """The same sweep on one system held in Python lists."""
+def _sweep(a, b, c, d) -> list:
+    """The Thomas recurrence over the first index: Python floats for one system, array rows for a batch."""
     n = len(b)
     c_prime = [c[0] / b[0]] + [0.0] * (n - 1)
     x = [d[0] / b[0]] + [0.0] * (n - 1)
