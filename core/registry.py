@@ -12,7 +12,6 @@ an unknown hook or returns a broken spec is skipped with a
 from __future__ import annotations
 
 import dataclasses
-import os
 import warnings
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -25,6 +24,7 @@ from core.backend import Backend
 from core.backends import builtin_backends
 from core.errors import DuplicateSolverError, PluginError, PluginWarning, UnknownSolverError
 from core.solver import SolverSpec, check_spec
+from core.validation import env_flag
 
 ENTRY_POINT_GROUP = "crossover.plugins"
 
@@ -51,12 +51,10 @@ class Registry:
 _registry: Registry | None = None
 
 
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def strict() -> bool:
-    return _flag("CROSSOVER_PLUGINS_STRICT")
+    return env_flag("CROSSOVER_PLUGINS_STRICT")
 
 
 def get_registry() -> Registry:
@@ -81,7 +79,7 @@ def _build() -> Registry:
         registry.backends[backend.name] = backend
     registry.plugins["core"] = PluginInfo("core", "builtin", _version("crossover"),
                                           backends=list(registry.backends))
-    if not _flag("CROSSOVER_DISABLE_PLUGIN_AUTOLOAD"):
+    if not env_flag("CROSSOVER_DISABLE_PLUGIN_AUTOLOAD"):
         for entry_point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
             dist = entry_point.dist.name if entry_point.dist else "?"
             version = entry_point.dist.version if entry_point.dist else ""

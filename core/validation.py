@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -28,6 +29,19 @@ def _show(value: object) -> str:
 def fail(field: str, value: object, allowed: str) -> ProblemError:
     """Build the standard error: ``field=value is invalid: allowed``."""
     return ProblemError(f"{field}={_show(value)} is invalid: {allowed}")
+
+
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    """A yes/no environment variable: unset or empty gives ``default``; a value in neither list is an error."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in _ON or value in _OFF:
+        return value in _ON
+    raise fail(name, os.environ[name], f"must be one of {', '.join(_ON + _OFF)}, or unset")
 
 
 def check_int(field: str, value: object, *, minimum: int | None = None,

@@ -86,5 +86,13 @@ def test_lending_can_be_switched_off(monkeypatch):
     assert results[1] == (1, 1, 1, 1)
 
 
+def test_an_unreadable_lending_switch_is_named(monkeypatch):
+    from core.errors import ProblemError
+
+    monkeypatch.setenv("CROSSOVER_LEND_IDLE_CORES", "maybe")
+    with pytest.raises(ProblemError, match=r"CROSSOVER_LEND_IDLE_CORES='maybe' is invalid: must be one of 1, true"):
+        process_pool.map_tasks(pt.square_after_sleep, [(2, 0)], workers=1)
+
+
 def test_empty_task_list():
     assert process_pool.map_tasks(pt.square_after_sleep, [], workers=1) == []

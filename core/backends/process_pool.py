@@ -32,6 +32,7 @@ import numpy as np
 from core.backend import Availability, Backend, host_free_memory
 from core.errors import TaskFailedError, WorkerCrashedError
 from core.tasks import TaskFn, task_seeds
+from core.validation import env_flag
 
 _STARTED, _FINISHED = 1, 2
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
@@ -63,7 +64,7 @@ def get_executor(workers: int | None = None) -> ProcessPoolExecutor:
         shutdown()
     if _executor is None:
         context = multiprocessing.get_context(start_method())
-        pin = os.environ.get("CROSSOVER_PIN_WORKERS", "").strip().lower() in ("1", "true", "yes", "on")
+        pin = env_flag("CROSSOVER_PIN_WORKERS")
         counter = context.Value("i", 0) if pin and hasattr(os, "sched_setaffinity") else None
         _executor = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
                                         initargs=(counter, workers))
@@ -218,8 +219,7 @@ def cores_for_this_task() -> int | None:
 
 def _lendable_cores(workers: int) -> int:
     """Read in the calling process, not the workers: they keep the environment they started with."""
-    lend = os.environ.get("CROSSOVER_LEND_IDLE_CORES", "1").strip().lower() not in ("0", "false", "no", "off")
-    return workers if lend else 1
+    return workers if env_flag("CROSSOVER_LEND_IDLE_CORES", default=True) else 1
 
 
 # -- the map -----------------------------------------------------------------
