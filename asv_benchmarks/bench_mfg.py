@@ -9,7 +9,7 @@ both timed in the same process; the acceptance bar is 50x.
 from __future__ import annotations
 
 import core
-from core.calibration import median_seconds
+from core.costmodel.calibrate import median_seconds
 from plugins.mfg.problem import FPProblem, MFGProblem
 
 BACKENDS = ["numpy", "numba", "torch"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from core.api import BackendStatus, availability, backends, solve, solvers
 from core.backend import Availability, Backend
-from core.calibration import calibrate
+from core.costmodel.calibrate import calibrate
 from core.errors import (
     AutoSelectionError,
     BackendUnavailableError,
@@ -21,9 +21,9 @@ from core.errors import (
     UnknownSolverError,
     WorkerCrashedError,
 )
-from core.evaluation import evaluate
+from core.costmodel.evaluate import evaluate
 from core.hookspecs import hookimpl
-from core.planning import plan
+from core.costmodel.plan import plan
 from core.problem import make_problem
 from core.registry import register, unregister
 from core.result import Plan, Prediction, Result

@@ -99,15 +99,15 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None, exp
     several take the same problem type; ``expected_calls`` spreads unpaid
     one-off costs (JIT, pool start) over that many calls.
     """
-    from core import timings
-    from core.calibration import sample_record
+    from core.costmodel import history as timings
+    from core.costmodel.calibrate import sample_record
 
     spec = get_solver(solver) if solver is not None else find_solver(problem)
     if not isinstance(problem, spec.problem_type):
         raise ProblemError(f"solver {spec.name!r} takes a {spec.problem_type.__name__}, "
                            f"got {type(problem).__name__}")
     if backend == "auto":
-        from core.planning import plan as make_plan
+        from core.costmodel.plan import plan as make_plan
 
         plan = make_plan(problem, solver=spec.name, expected_calls=expected_calls, calibrate=True)
         backend = plan.backend

@@ -28,6 +28,15 @@ class Backend:
     within the cost model's margin the backend with the lower number wins,
     because it has fewer ways to go wrong. ``free_memory`` returns the bytes
     a problem may use on the backend's device (None: unknown, never excluded).
+
+    ``start`` pays the backend's one-off cost of a process (start the pool,
+    create the CUDA context, connect to a cluster); the core times it once
+    per process and charges it to whichever solver runs there first.
+
+    A parallel backend also gives ``map``, with the signature of
+    :func:`core.tasks.map_tasks` less ``backend``, and ``parallelism()``,
+    how many tasks it runs at once; :func:`core.tasks.map_tasks` dispatches
+    to it, so plugins never import a backend's module.
     """
 
     name: str
@@ -36,6 +45,9 @@ class Backend:
     describe: Callable[[], dict[str, Any]] = field(default=lambda: {})
     simplicity: int = 50
     free_memory: Callable[[], float | None] = field(default=lambda: None)
+    start: Callable[[], None] | None = None
+    map: Callable[..., list] | None = None
+    parallelism: Callable[[], int] | None = None
 
 
 def safe_probe(backend: Backend) -> Availability:
@@ -45,8 +57,8 @@ def safe_probe(backend: Backend) -> Availability:
     except Exception as exc:  # a broken third-party probe must not break crossover
         return Availability(False, f"probe failed: {type(exc).__name__}: {exc}")
     if not isinstance(result, Availability):
-        available, reason = (bool(result), "") if not isinstance(result, tuple) else result
-        result = Availability(bool(available), str(reason))
+        # a probe that answers True, or a bare tuple, could hide a broken check: say so instead
+        return Availability(False, f"probe returned {type(result).__name__}, expected core.Availability")
     return result
 
 

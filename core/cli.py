@@ -25,7 +25,7 @@ import core
 from core.errors import CrossoverError, PluginError, PluginWarning, TaskFailedError
 from core.registry import get_registry, get_solver
 from core.solver import problem_from_params
-from core.wisdom import WisdomWarning
+from core.costmodel.store import WisdomWarning
 
 USER_ERROR, FAULT = 2, 1
 
@@ -158,7 +158,7 @@ def _solver_names(names: Sequence[str]) -> list[str]:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from core.calibration import calibrate
+    from core.costmodel.calibrate import calibrate
 
     reports = calibrate(_solver_names(args.solvers), quick=not args.full, budget=args.budget,
                         progress=not args.json and sys.stderr.isatty())
@@ -211,8 +211,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from core.calibration import ensure_calibrated
-    from core.report import write_report
+    from core.costmodel.calibrate import ensure_calibrated
+    from core.costmodel.report import write_report
 
     names = _solver_names(args.solvers)
     for name in names:
@@ -223,7 +223,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from core.evaluation import evaluate
+    from core.costmodel.evaluate import evaluate
 
     report = evaluate(get_solver(args.solver).name, quick=not args.full)
     backends = sorted({b for row in report.rows for b in row.seconds})

@@ -36,7 +36,7 @@ def isolated_cache(tmp_path_factory):
     """Tests never read or write the user's wisdom file."""
     import os
 
-    from core import timings
+    from core.costmodel import history as timings
 
     os.environ["CROSSOVER_CACHE_DIR"] = str(tmp_path_factory.mktemp("crossover-cache"))
     timings.forget()
@@ -46,7 +46,7 @@ def isolated_cache(tmp_path_factory):
 @pytest.fixture
 def empty_cache(tmp_path, monkeypatch):
     """A private, empty wisdom store for one test."""
-    from core import timings
+    from core.costmodel import history as timings
 
     monkeypatch.setenv("CROSSOVER_CACHE_DIR", str(tmp_path / "cache"))
     timings.forget()

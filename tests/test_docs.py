@@ -117,9 +117,9 @@ def test_cli_page_has_a_section_for_every_subcommand():
 
 
 def test_cost_model_page_quotes_the_selection_rule_as_the_code_states_it():
-    import core.planning
+    import core.costmodel.plan
 
-    docstring = core.planning.__doc__
+    docstring = core.costmodel.plan.__doc__
     rule = [line.strip() for line in docstring.splitlines() if line.startswith("    ") and line.strip()]
     assert len(rule) == 4 and rule[0].startswith("cost(b) =")
     page = (DOCS / "costmodel.md").read_text(encoding="utf-8")
@@ -127,7 +127,7 @@ def test_cost_model_page_quotes_the_selection_rule_as_the_code_states_it():
     # the numbers the page states, against the constants the code uses
     from core import calibration, costmodel
 
-    assert core.planning.DEFAULT_MARGIN == 0.05 and "5 %" in page
+    assert core.costmodel.plan.DEFAULT_MARGIN == 0.05 and "5 %" in page
     assert costmodel.EXTRAPOLATION_FACTOR == 2.0 and costmodel.OUTLIER_RATIO == 3.0
     assert calibration.QUICK["budget"] == 50.0 and "50 s" in page
     assert calibration.QUICK["sample_cap"] == 2.0 and calibration.FULL["sample_cap"] == 30.0

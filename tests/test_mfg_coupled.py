@@ -141,7 +141,7 @@ def test_sweep_cartesian_grid_order():
 
 def test_held_out_sizes_rebuild_grid_arrays():
     """Resizing Nx re-derives the preset's arrays, so evaluate and break-even work for grid solvers."""
-    from core.evaluation import held_out_problems
+    from core.costmodel.evaluate import held_out_problems
 
     spec = core.solvers()["mfg.hjb_fdm"]
     problems = held_out_problems(spec)

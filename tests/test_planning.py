@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import core
-from core import timings
-from core.calibration import sample_record
+from core.costmodel import history as timings
+from core.costmodel.calibrate import sample_record
 from core.validation import check_int
 
 DEVICE_FREE_BYTES = {"value": 1e12}
@@ -98,9 +98,9 @@ def test_break_even_between_serial_and_pool(synthetic):
 
 def test_margin_rule_prefers_the_simpler_backend():
     simplicity = {"numpy": 0, "process": 30}
-    assert core.planning.choose({"numpy": 1.0, "process": 0.97}, simplicity) == "numpy"
-    assert core.planning.choose({"numpy": 1.0, "process": 0.90}, simplicity) == "process"
-    assert core.planning.choose({"numpy": 1.0, "process": 0.97}, simplicity, margin=0.0) == "process"
+    assert core.costmodel.plan.choose({"numpy": 1.0, "process": 0.97}, simplicity) == "numpy"
+    assert core.costmodel.plan.choose({"numpy": 1.0, "process": 0.90}, simplicity) == "process"
+    assert core.costmodel.plan.choose({"numpy": 1.0, "process": 0.97}, simplicity, margin=0.0) == "process"
 
 
 def test_margin_rule_in_a_plan(synthetic):

@@ -9,11 +9,11 @@ import textwrap
 
 import pytest
 
-from core import timings, wisdom
+from core.costmodel import history as timings, store as wisdom
 
 WRITER = textwrap.dedent("""
     import sys
-    from core import wisdom
+    from core.costmodel import store as wisdom
 
     tag, count = sys.argv[1], int(sys.argv[2])
     for i in range(count):

@@ -115,7 +115,7 @@ def _init_worker(counter=None, workers: int = 1) -> None:
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(1)
-    from core import timings
+    from core.costmodel import history as timings
 
     timings.disable()
 

@@ -16,7 +16,7 @@ import argparse
 import json
 
 import core
-from core.calibration import median_seconds
+from core.costmodel.calibrate import median_seconds
 from plugins.mfg.problem import FPProblem
 
 

@@ -16,7 +16,7 @@ import json
 
 import numpy as np
 
-from core.calibration import median_seconds
+from core.costmodel.calibrate import median_seconds
 from plugins.mfg.problem import FPProblem
 
 

@@ -17,8 +17,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from core import wisdom
-from core.costmodel import CostModel, Sample, fit
+from core.costmodel import store as wisdom
+from core.costmodel.fit import CostModel, Sample, fit
 from core.solver import SolverSpec
 
 HISTORY_LIMIT = 200  # solve samples kept per (solver, backend); calibration samples are kept apart

@@ -1,7 +1,7 @@
 """The cost model: ``t = c0 + sum_i c_i * phi_i``, ``c >= 0``, fitted for relative error.
 
 This module is pure arithmetic on samples; measuring them is
-:mod:`core.calibration` and storing them is :mod:`core.wisdom`.
+:mod:`core.costmodel.calibrate` and storing them is :mod:`core.costmodel.store`.
 
 Why these choices:
 

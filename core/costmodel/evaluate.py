@@ -15,8 +15,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.calibration import ensure_calibrated, measure
-from core.planning import plan, with_size
+from core.costmodel.calibrate import ensure_calibrated, measure
+from core.costmodel.plan import plan, with_size
 from core.registry import get_solver
 from core.solver import SolverSpec
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from core import timings
+from core.costmodel import history as timings
 from core.api import run_once
 from core.backend import safe_describe, safe_probe
 from core.errors import CrossoverError

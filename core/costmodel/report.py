@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from core import timings, wisdom
+from core.costmodel import history as timings, store as wisdom
 from core.costmodel import EXTRAPOLATION_FACTOR
-from core.planning import break_even, curves
+from core.costmodel.plan import break_even, curves
 from core.registry import get_solver
 from core.solver import SolverSpec
 

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from core import timings
+from core.costmodel import history as timings
 from core.api import find_solver
 from core.backend import safe_probe
-from core.costmodel import CostModel
+from core.costmodel.fit import CostModel
 from core.errors import AutoSelectionError, CrossoverError
 from core.registry import get_registry, get_solver
 from core.result import Plan, Prediction
@@ -52,7 +52,7 @@ def plan(problem: Any, *, solver: str | None = None, expected_calls: float = 1, 
     With ``calibrate=True`` a solver never calibrated on this machine is
     calibrated once (quick mode) first; without it, such a plan raises.
     """
-    from core.calibration import ensure_calibrated
+    from core.costmodel.calibrate import ensure_calibrated
 
     spec = get_solver(solver) if solver is not None else find_solver(problem)
     if calibrate:

@@ -1,0 +1,77 @@
+"""Running one implementation: find the solver, check the backend, time what the user pays.
+
+These sit below the public API and the cost model, which both use them;
+nothing here knows about predictions or plans.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+from typing import Any
+
+from core.backend import Availability, Backend, safe_probe
+from core.errors import BackendUnavailableError, ProblemError, UnknownBackendError
+from core.registry import get_registry
+from core.result import as_arrays
+from core.solver import SolverSpec, backend_of
+
+
+def find_solver(problem: Any) -> SolverSpec:
+    """The solver registered for this problem's type.
+
+    An exact type match wins over a base class, so a problem type derived
+    from another (common noise from the plain MFG) reaches its own solver.
+    """
+    specs = list(get_registry().solvers.values())
+    for spec in specs:
+        if type(problem) is spec.problem_type:
+            return spec
+    for spec in specs:
+        if isinstance(problem, spec.problem_type):
+            return spec
+    raise ProblemError(f"no registered solver takes a {type(problem).__name__}; "
+                       "pass solver=NAME or register the plugin that defines it")
+
+
+@lru_cache(maxsize=None)
+def _cached_probe(backend: Backend) -> Availability:
+    return safe_probe(backend)
+
+
+def probe(backend: Backend) -> Availability:
+    """A backend's availability, probed once per process (probes may import torch: seconds)."""
+    return _cached_probe(backend)
+
+
+def forget_probes() -> None:
+    """Probe again on next use (tests that fake a device, or a GPU that appeared)."""
+    _cached_probe.cache_clear()
+
+
+def check_backend(spec: SolverSpec, name: str) -> tuple[str, ...]:
+    """The implementation keys that ``name`` (a backend or ``backend:variant``) selects, or a one-line error."""
+    registry = get_registry()
+    backend_name = backend_of(name)
+    if backend_name not in registry.backends:
+        raise UnknownBackendError(
+            f"unknown backend {name!r}; registered backends: {', '.join(registry.backends)}")
+    keys = (name,) if name in spec.implementations else (() if ":" in name else spec.implementations_on(name))
+    if not keys:
+        raise UnknownBackendError(
+            f"solver {spec.name!r} has no {name!r} implementation; it runs on: {', '.join(spec.backends)}")
+    status = probe(registry.backends[backend_name])
+    if not status.available:
+        raise BackendUnavailableError(f"backend {backend_name!r} is unavailable here: {status.reason}")
+    return keys
+
+
+def run_once(spec: SolverSpec, implementation: str, problem: Any) -> tuple[dict, float]:
+    """Run one implementation and time it as the user pays for it.
+
+    The time covers host-to-device transfers and waiting for the GPU, since
+    outputs are moved to NumPy inside the timed region.
+    """
+    started = time.perf_counter()
+    outputs = as_arrays(spec.implementations[implementation](problem))
+    return outputs, time.perf_counter() - started
