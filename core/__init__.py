@@ -8,6 +8,8 @@ from __future__ import annotations
 from core.api import BackendStatus, availability, backends, solve, solvers
 from core.backend import Availability, Backend
 from core.costmodel.calibrate import calibrate
+from core.costmodel.evaluate import evaluate
+from core.costmodel.plan import plan
 from core.errors import (
     AutoSelectionError,
     BackendUnavailableError,
@@ -19,15 +21,14 @@ from core.errors import (
     TaskFailedError,
     UnknownBackendError,
     UnknownSolverError,
+    NotEnoughMemoryError,
     WorkerCrashedError,
 )
-from core.costmodel.evaluate import evaluate
 from core.hookspecs import hookimpl
-from core.costmodel.plan import plan
 from core.problem import make_problem
 from core.registry import register, unregister
 from core.result import Plan, Prediction, Result
-from core.solver import SolverSpec
+from core.solver import SizeSpace, SolverSpec, lazy
 from core.sweep import SweepPoint, sweep
 
 __version__ = "0.1.0"
@@ -38,6 +39,6 @@ __all__ = [
     "ProblemError", "Result", "SolverSpec", "TaskFailedError", "UnknownBackendError",
     "UnknownSolverError", "WorkerCrashedError", "availability", "backends", "hookimpl",
     "make_problem", "register", "solve", "solvers", "unregister", "__version__",
-    "calibrate", "evaluate", "plan", "sweep", "SweepPoint",
+    "calibrate", "evaluate", "plan", "sweep", "SweepPoint", "SizeSpace", "lazy", "NotEnoughMemoryError",
 ]
 

@@ -1,16 +1,30 @@
-"""The public entry points: run a solver, list what is registered."""
+"""The public entry points: run a solver, plan it, list what is registered.
+
+This is the top of the core: nothing below imports it.
+"""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
-from core.backend import Availability, safe_describe, safe_probe
-from core.errors import BackendUnavailableError, ProblemError, UnknownBackendError
+import numpy as np
+
+from core.backend import Availability, safe_describe
+from core.costmodel import history
+from core.costmodel.features import model_features
+from core.costmodel.plan import exclusion, plan
+from core.errors import (
+    AutoSelectionError,
+    BackendUnavailableError,
+    NotEnoughMemoryError,
+    ProblemError,
+    UnknownBackendError,
+)
 from core.registry import get_registry, get_solver
-from core.result import Plan, Result, as_arrays
-from core.solver import SolverSpec
+from core.result import Plan, Result
+from core.running import check_backend, find_solver, probe, run_once
+from core.solver import SolverSpec, backend_of
 
 
 @dataclass(frozen=True)
@@ -33,9 +47,9 @@ def backends(describe: bool = True) -> dict[str, BackendStatus]:
     """Every registered backend with whether it runs here, why not, and what it runs on."""
     rows = {}
     for name, backend in get_registry().backends.items():
-        availability = safe_probe(backend)
-        details = safe_describe(backend) if describe and availability.available else {}
-        rows[name] = BackendStatus(name, backend.summary, availability.available, availability.reason, details)
+        status = probe(backend)
+        details = safe_describe(backend) if describe and status.available else {}
+        rows[name] = BackendStatus(name, backend.summary, status.available, status.reason, details)
     return rows
 
 
@@ -44,85 +58,95 @@ def availability(name: str) -> Availability:
     registry = get_registry()
     if name not in registry.backends:
         raise UnknownBackendError(f"unknown backend {name!r}; registered backends: {', '.join(registry.backends)}")
-    return safe_probe(registry.backends[name])
+    return probe(registry.backends[name])
 
 
-def find_solver(problem: Any) -> SolverSpec:
-    """The solver registered for this problem's type.
-
-    An exact type match wins over a base class, so a problem type derived
-    from another (common noise from the plain MFG) reaches its own solver.
-    """
-    specs = list(get_registry().solvers.values())
-    for spec in specs:
-        if type(problem) is spec.problem_type:
-            return spec
-    for spec in specs:
-        if isinstance(problem, spec.problem_type):
-            return spec
-    raise ProblemError(f"no registered solver takes a {type(problem).__name__}; "
-                       "pass solver=NAME or register the plugin that defines it")
-
-
-def check_backend(spec: SolverSpec, backend: str) -> None:
-    """Raise a one-line error unless ``spec`` can run on ``backend`` here."""
-    registry = get_registry()
-    if backend not in registry.backends:
-        raise UnknownBackendError(
-            f"unknown backend {backend!r}; registered backends: {', '.join(registry.backends)}")
-    if backend not in spec.implementations:
-        raise UnknownBackendError(
-            f"solver {spec.name!r} has no {backend!r} implementation; it runs on: {', '.join(spec.backends)}")
-    status = safe_probe(registry.backends[backend])
-    if not status.available:
-        raise BackendUnavailableError(f"backend {backend!r} is unavailable here: {status.reason}")
+def _named(spec: SolverSpec, problem: Any, name: str, expected_calls: float | None) -> Plan:
+    """A plan for a backend the caller named: its variant chosen by measurement, its memory checked."""
+    keys = check_backend(spec, name)
+    reasons = {key: exclusion(spec, problem, key) for key in keys}
+    runnable = [key for key in keys if not reasons[key]]
+    if not runnable:
+        why = "; ".join(f"{key}: {reason}" for key, reason in reasons.items())
+        error = NotEnoughMemoryError if all("memory" in r for r in reasons.values()) else BackendUnavailableError
+        raise error(f"backend {name!r} cannot run {spec.name} on this problem: {why}")
+    if len(runnable) > 1:
+        try:
+            chosen = plan(problem, solver=spec.name, expected_calls=expected_calls, explain=False, only=runnable)
+            return Plan(solver=spec.name, backend=chosen.backend, reason=f"named by the caller; {chosen.reason}",
+                        predictions=chosen.predictions, excluded=chosen.excluded)
+        except AutoSelectionError:  # no variant calibrated yet: the first one the plugin lists
+            pass
+    return Plan(solver=spec.name, backend=runnable[0], reason="named by the caller")
 
 
-def run_once(spec: SolverSpec, backend: str, problem: Any) -> tuple[dict, float]:
-    """Run one implementation and time it as the user pays for it.
+def _run(spec: SolverSpec, implementation: str, problem: Any) -> tuple[dict, float, bool]:
+    """Run once, paying the backend's start first; learn from the timing. Returns (outputs, seconds, first)."""
+    history.start_backend(get_registry().backends[backend_of(implementation)])
+    was_paid = history.is_paid(spec, implementation, problem)
+    outputs, seconds = run_once(spec, implementation, problem)
+    history.mark_paid(spec, implementation, problem)
+    if was_paid:  # a first call includes the one-off cost and would bias the steady-state model
+        history.record_solve(spec, implementation,
+                             history.sample_record(spec, implementation, problem, seconds, "solve"))
+    elif (fitted := history.model(spec, implementation)) is not None:
+        # a first call's excess over the steady-state model is this process's one-off cost,
+        # when the model can be trusted here (an extrapolation would blame its own error)
+        predicted, extrapolated = fitted.predict(model_features(spec, problem, implementation))
+        if not extrapolated:
+            history.record_one_off(spec, implementation, max(0.0, seconds - predicted))
+    return outputs, seconds, not was_paid
 
-    The time covers host-to-device transfers and waiting for the GPU, since
-    outputs are moved to NumPy inside the timed region.
-    """
-    check_backend(spec, backend)
-    started = time.perf_counter()
-    outputs = as_arrays(spec.implementations[backend](problem))
-    return outputs, time.perf_counter() - started
+
+def _measure(spec: SolverSpec, problem: Any, decision: Plan) -> tuple[str, dict, float, Plan]:
+    """Time each close candidate once on this problem; keep the fastest answer and remember the times."""
+    timed: dict[str, tuple[dict, float]] = {}
+    for key in decision.measure:
+        outputs, seconds, _ = _run(spec, key, problem)
+        timed[key] = (outputs, seconds)
+    fastest = min(timed, key=lambda k: timed[k][1])
+    history.remember(spec, spec.features(problem), {k: s for k, (_, s) in timed.items()})
+    times = ", ".join(f"{k} {s:.3g} s" for k, (_, s) in sorted(timed.items(), key=lambda kv: kv[1][1]))
+    measured = Plan(solver=decision.solver, backend=fastest, reason=f"{decision.reason}; measured: {times}",
+                    predictions=decision.predictions, excluded=decision.excluded, measure=decision.measure,
+                    expected_calls=decision.expected_calls, confident=True)
+    return fastest, timed[fastest][0], timed[fastest][1], measured
 
 
-def solve(problem: Any, backend: str = "auto", *, solver: str | None = None, expected_calls: float = 1) -> Result:
+def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
+          expected_calls: float | None = None) -> Result:
     """Run ``problem`` and return its outputs with the measured wall time.
 
     ``backend="auto"`` follows :func:`core.plan` (calibrating once if this
-    solver was never calibrated here); a backend name runs there or raises a
-    one-line error saying why it cannot. ``solver`` names the solver when
-    several take the same problem type; ``expected_calls`` spreads unpaid
-    one-off costs (JIT, pool start) over that many calls.
+    solver was never calibrated here); a backend name (``numba``) or an
+    implementation key (``numba:fused``) runs there or raises a one-line
+    error saying why it cannot. ``solver`` names the solver when several
+    take the same problem type; ``expected_calls`` spreads unpaid one-off
+    costs (JIT, pool start) over that many calls (default: learnt from the
+    calls this process makes, see :mod:`core.costmodel.plan`).
     """
-    from core.costmodel import history as timings
-    from core.costmodel.calibrate import sample_record
-
     spec = get_solver(solver) if solver is not None else find_solver(problem)
     if not isinstance(problem, spec.problem_type):
         raise ProblemError(f"solver {spec.name!r} takes a {spec.problem_type.__name__}, "
                            f"got {type(problem).__name__}")
+    history.count_call(spec)
     if backend == "auto":
-        from core.costmodel.plan import plan as make_plan
-
-        plan = make_plan(problem, solver=spec.name, expected_calls=expected_calls, calibrate=True)
-        backend = plan.backend
+        decision = plan(problem, solver=spec.name, expected_calls=expected_calls, calibrate=True, explain=False)
     else:
-        plan = Plan(solver=spec.name, backend=backend, reason="named by the caller")
-    was_paid = timings.is_paid(spec, backend)
-    outputs, seconds = run_once(spec, backend, problem)
-    timings.mark_paid(spec, backend)
-    if was_paid:  # a first call includes the one-off cost and would bias the steady-state model
-        timings.record_solve(spec, backend, sample_record(spec, problem, seconds, "solve"))
-    elif (model := timings.model(spec, backend)) is not None:
-        # a first call's excess over the steady-state model is this process's one-off cost,
-        # when the model can be trusted at this size (an extrapolation would blame its own error)
-        predicted, extrapolated = model.predict(spec.features(problem))
-        if not extrapolated:
-            timings.record_one_off(spec, backend, max(0.0, seconds - predicted))
-    return Result(solver=spec.name, backend=backend, seconds=seconds, outputs=outputs, plan=plan,
-                  diagnostics={"problem": type(problem).__name__, "first_call": not was_paid})
+        decision = _named(spec, problem, backend, expected_calls)
+    if decision.measure:
+        used, outputs, seconds, decision = _measure(spec, problem, decision)
+        first = False
+    else:
+        used = decision.backend
+        outputs, seconds, first = _run(spec, used, problem)
+    return Result(solver=spec.name, backend=used, seconds=seconds, outputs=outputs, plan=decision,
+                  diagnostics={"problem": type(problem).__name__, "first_call": first,
+                               "non_finite_outputs": _non_finite(outputs)})
+
+
+def _non_finite(outputs: dict) -> list[str]:
+    """Names of float outputs holding NaN or inf (flagged, never hidden)."""
+    return [name for name, value in outputs.items()
+            if np.issubdtype(np.asarray(value).dtype, np.floating) and not np.all(np.isfinite(value))]
+

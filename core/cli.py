@@ -163,27 +163,30 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     reports = calibrate(_solver_names(args.solvers), quick=not args.full, budget=args.budget,
                         progress=not args.json and sys.stderr.isatty())
     table = Table(title=f"calibration ({'full' if args.full else 'quick'})")
-    for column in ("solver", "backend", "samples", "one-off s", "seconds spent", "stopped because"):
+    for column in ("solver", "implementation", "samples", "skipped", "start s", "one-off s", "seconds spent",
+                   "stopped because"):
         table.add_column(column)
     payload = []
     for report in reports:
         for row in report.backends:
             one_off = "-" if row.one_off_seconds is None else f"{row.one_off_seconds:.3f}"
-            table.add_row(report.solver, row.backend, str(row.samples), one_off, f"{row.seconds_spent:.1f}",
-                          escape(row.stopped))
+            start = "-" if row.start_seconds is None else f"{row.start_seconds:.3f}"
+            table.add_row(report.solver, row.backend, str(row.samples), str(row.skipped), start, one_off,
+                          f"{row.seconds_spent:.1f}", escape(row.stopped))
         payload.append({"solver": report.solver, "seconds": report.seconds,
                         "backends": [vars(row) for row in report.backends]})
-    totals = [f"{r.solver}: {r.seconds:.1f} s in all" for r in reports]
+    totals = [f"{r.solver}: {r.problems} designed problems, {r.seconds:.1f} s in all" for r in reports]
     _emit(args, payload, table, *totals)
     return 0
 
 
-def _verdict(decision: core.Plan, name: str, calls: float) -> str:
-    """Why a backend was or was not chosen, in a few words."""
+def _verdict(decision: core.Plan, name: str) -> str:
+    """Why an implementation was or was not chosen, in a few words."""
     if name == decision.backend:
         return "[bold green]chosen[/bold green]"
     if name in decision.excluded:
         return escape(decision.excluded[name])
+    calls = decision.expected_calls
     mine, chosen = decision.predictions[name], decision.predictions[decision.backend]
     total = mine.seconds + mine.one_off_seconds / calls
     if total <= (chosen.seconds + chosen.one_off_seconds / calls):
@@ -198,12 +201,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     problem = problem_from_params(spec, _parse_params(args.param))
     decision = core.plan(problem, solver=spec.name, expected_calls=args.calls, calibrate=True)
     table = Table(title=f"plan for {spec.name} ({spec.size_axis}={getattr(problem, spec.size_axis)})")
-    for column in ("backend", "predicted s", "status", "unpaid one-off s", "verdict"):
+    for column in ("implementation", "predicted s", "± rel. error", "status", "unpaid one-off s", "verdict"):
         table.add_column(column)
     for name, prediction in decision.predictions.items():
         seconds = "-" if prediction.seconds is None else f"{prediction.seconds:.4g}"
-        table.add_row(name, seconds, prediction.status, f"{prediction.one_off_seconds:.3g}",
-                      _verdict(decision, name, args.calls))
+        error = "-" if prediction.error is None else f"{prediction.error:.0%}"
+        table.add_row(name, seconds, error, prediction.status, f"{prediction.one_off_seconds:.3g}",
+                      _verdict(decision, name))
     lines = [f"chosen: {decision.backend} ({decision.reason})"]
     lines += [f"break-even: {b['below']} -> {b['above']} at {b['axis']} = {b['size']:.4g}" for b in decision.break_even]
     _emit(args, decision.to_dict(), table, *lines)
@@ -225,16 +229,20 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from core.costmodel.evaluate import evaluate
 
-    report = evaluate(get_solver(args.solver).name, quick=not args.full)
+    report = evaluate(get_solver(args.solver).name, quick=not args.full, count=args.count, seed=args.seed)
     backends = sorted({b for row in report.rows for b in row.seconds})
-    table = Table(title=f"evaluate {report.solver}: held-out sizes, seconds per solve")
-    for column in ("size", *backends, "chosen", "best", "regret"):
+    table = Table(title=f"evaluate {report.solver}: held-out problems, seconds per solve")
+    for column in ("problem", *backends, "chosen", "best", "regret"):
         table.add_column(column)
     for row in report.rows:
-        table.add_row(f"{row.size:.4g}", *[f"{row.seconds[b]:.4g}" if b in row.seconds else "-" for b in backends],
-                      row.chosen, row.best, f"{row.regret:.1%}")
-    _emit(args, report.to_dict(), table,
-          f"median regret {report.median_regret:.1%}, maximum regret {report.max_regret:.1%}")
+        problem = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.params.items())
+        table.add_row(escape(problem), *[f"{row.seconds[b]:.4g}" if b in row.seconds else "-" for b in backends],
+                      row.chosen, row.best, f"{row.regret:.1%}" + ("" if row.confident else " (would measure)"))
+    worst = [f"worst: {row.regret:.1%} at {row.params}: chose {row.chosen}, {row.best} was fastest"
+             for row in report.worst(3) if row.regret > 0]
+    _emit(args, report.to_dict(), table, *worst,
+          f"median regret {report.median_regret:.1%}, maximum regret {report.max_regret:.1%} "
+          f"over {len(report.rows)} held-out problems")
     return 0
 
 
@@ -257,20 +265,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                      help="set a problem field of the solver's default problem (repeatable)")
     run.add_argument("--save", metavar="FILE.npz", help="write the outputs to a .npz file")
-    run.add_argument("--calls", type=float, default=1,
+    run.add_argument("--calls", type=float, default=None,
                      help="with auto: expected calls to spread one-off costs (JIT, pool start) over")
 
     calibrate = commands.add_parser("calibrate", parents=[common], help="measure solvers on every backend")
     calibrate.add_argument("solvers", nargs="*", metavar="SOLVER", help="default: every registered solver")
     mode = calibrate.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="short ladder, 50 s budget per solver (default)")
-    mode.add_argument("--full", action="store_true", help="long ladder, 600 s budget per solver")
+    mode.add_argument("--quick", action="store_true", help="small designed set, 25 s budget per solver (default)")
+    mode.add_argument("--full", action="store_true", help="larger designed set over the full space, 600 s budget per solver")
     calibrate.add_argument("--budget", type=float, metavar="SECONDS", help="total seconds per solver")
 
     plan = commands.add_parser("plan", parents=[common], help="show which backend auto-selection picks and why")
     plan.add_argument("solver")
     plan.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
-    plan.add_argument("--calls", type=float, default=1, help="expected calls to spread one-off costs over")
+    plan.add_argument("--calls", type=float, default=None,
+                      help="expected calls to spread one-off costs over (default: learnt from this process)")
 
     report = commands.add_parser("report", parents=[common], help="plot the models and break-even sizes")
     report.add_argument("solvers", nargs="*", metavar="SOLVER")
@@ -278,7 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("evaluate", parents=[common], help="regret of auto-selection off the ladder")
     evaluate.add_argument("solver")
-    evaluate.add_argument("--full", action="store_true", help="use the full ladder's held-out sizes")
+    evaluate.add_argument("--full", action="store_true", help="draw held-out problems from the full size space")
+    evaluate.add_argument("--count", type=int, default=12, help="random held-out problems (default 12)")
+    evaluate.add_argument("--seed", type=int, default=2024, help="seed of the held-out draw")
     return parser
 
 

@@ -63,3 +63,7 @@ class WorkerCrashedError(TaskFailedError):
 
 class PluginWarning(UserWarning):
     """A plugin was skipped; the rest of crossover keeps working."""
+
+
+class NotEnoughMemoryError(CrossoverError, MemoryError):
+    """The problem's memory estimate does not fit the backend's device (the message gives both)."""

@@ -11,15 +11,19 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Prediction:
-    """Predicted seconds for one backend, and how far to trust the number.
+    """Predicted seconds for one implementation, and how far to trust the number.
 
-    ``status`` is ``"calibrated"`` (inside the measured range),
-    ``"extrapolated"`` (outside it) or ``"uncalibrated"`` (no model yet).
+    ``status`` is ``"calibrated"`` (inside the measured region),
+    ``"extrapolated"`` (outside it), ``"uncalibrated"`` (no model, or fewer
+    distinct samples than coefficients) or ``"measured"`` (timed on this
+    very problem in this process). ``error`` is the model's relative error
+    (leave-one-out), which sets the margin and the confidence of the plan.
     """
 
     seconds: float | None
     status: str
     one_off_seconds: float = 0.0
+    error: float | None = None
 
 
 @dataclass(frozen=True)
@@ -32,12 +36,19 @@ class Plan:
     predictions: Mapping[str, Prediction] = field(default_factory=dict)
     excluded: Mapping[str, str] = field(default_factory=dict)
     break_even: tuple = ()
+    # not confident, and the problem will run again: time these candidates once on it
+    measure: tuple[str, ...] = ()
+    expected_calls: float = 1.0
+    confident: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "solver": self.solver,
             "backend": self.backend,
             "reason": self.reason,
+            "confident": self.confident,
+            "measure": list(self.measure),
+            "expected_calls": self.expected_calls,
             "predictions": {k: vars(v) for k, v in self.predictions.items()},
             "excluded": dict(self.excluded),
             "break_even": [dict(b) if isinstance(b, Mapping) else b for b in self.break_even],

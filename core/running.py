@@ -6,6 +6,7 @@ nothing here knows about predictions or plans.
 
 from __future__ import annotations
 
+import functools
 import time
 from functools import lru_cache
 from typing import Any
@@ -14,7 +15,7 @@ from core.backend import Availability, Backend, safe_probe
 from core.errors import BackendUnavailableError, ProblemError, UnknownBackendError
 from core.registry import get_registry
 from core.result import as_arrays
-from core.solver import SolverSpec, backend_of
+from core.solver import Implementation, SolverSpec, backend_of
 
 
 def find_solver(problem: Any) -> SolverSpec:
@@ -49,6 +50,20 @@ def forget_probes() -> None:
     _cached_probe.cache_clear()
 
 
+def implementations(spec: SolverSpec) -> dict[str, Implementation]:
+    """Every implementation key of ``spec``: its own, plus its ``parallel`` one under each mapping backend.
+
+    Resolved against the registry at each call, so a parallel backend
+    registered later (a Dask cluster, a third party's) runs the solver unchanged.
+    """
+    found = dict(spec.implementations)
+    if spec.parallel is not None:
+        for name, backend in get_registry().backends.items():
+            if backend.map is not None and name not in found:
+                found[name] = functools.partial(spec.parallel, backend=name)
+    return found
+
+
 def check_backend(spec: SolverSpec, name: str) -> tuple[str, ...]:
     """The implementation keys that ``name`` (a backend or ``backend:variant``) selects, or a one-line error."""
     registry = get_registry()
@@ -56,10 +71,11 @@ def check_backend(spec: SolverSpec, name: str) -> tuple[str, ...]:
     if backend_name not in registry.backends:
         raise UnknownBackendError(
             f"unknown backend {name!r}; registered backends: {', '.join(registry.backends)}")
-    keys = (name,) if name in spec.implementations else (() if ":" in name else spec.implementations_on(name))
+    known = implementations(spec)
+    keys = (name,) if name in known else tuple(k for k in known if ":" not in name and backend_of(k) == name)
     if not keys:
         raise UnknownBackendError(
-            f"solver {spec.name!r} has no {name!r} implementation; it runs on: {', '.join(spec.backends)}")
+            f"solver {spec.name!r} has no {name!r} implementation; it runs on: {', '.join(known)}")
     status = probe(registry.backends[backend_name])
     if not status.available:
         raise BackendUnavailableError(f"backend {backend_name!r} is unavailable here: {status.reason}")
@@ -73,5 +89,5 @@ def run_once(spec: SolverSpec, implementation: str, problem: Any) -> tuple[dict,
     outputs are moved to NumPy inside the timed region.
     """
     started = time.perf_counter()
-    outputs = as_arrays(spec.implementations[implementation](problem))
+    outputs = as_arrays(implementations(spec)[implementation](problem))
     return outputs, time.perf_counter() - started

@@ -2,10 +2,14 @@
 
 ``grid`` is either a mapping of field -> values (the Cartesian product is
 swept) or an explicit list of parameter dicts. Results come back in input
-order. A point that fails is recorded with its error and the rest carry on:
-an exception inside a point is caught where it happens, and a worker that
-dies takes only its own point with it (the others are rerun on the rebuilt
-pool).
+order, and ``on_result(index, point)`` sees each point as it finishes. A
+point that fails is recorded with its error and the rest carry on: an
+exception inside a point is caught where it happens, and a worker that dies
+takes only its own point with it (the others are rerun on the rebuilt pool).
+
+Points are spread over a parallel backend with :func:`core.tasks.map_tasks`
+only, so any backend with a ``map`` (the process pool, a cluster) runs a
+sweep unchanged.
 """
 
 from __future__ import annotations
@@ -16,8 +20,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.errors import CrossoverError, WorkerCrashedError
-from core.solver import SolverSpec
+from core.api import solve
+from core.errors import CrossoverError, TaskFailedError, UnknownBackendError, WorkerCrashedError
+from core.registry import get_registry, get_solver
+from core.solver import SolverSpec, backend_of, problem_from_params
+from core.tasks import backend_for_map, map_tasks, parallelism
+
+Target = str | Callable[..., Any]
+# (outputs, error, seconds, backend used): what a point's task returns, picklable
+Row = tuple[dict[str, Any] | None, str | None, float, str | None]
+PointCallback = Callable[[int, "SweepPoint"], None]
 
 
 @dataclass
@@ -46,22 +58,17 @@ def expand(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> l
     return [dict(point) for point in grid]
 
 
-def _run_point(target: str | Callable[..., Any], params: dict[str, Any], backend: str) -> tuple[Any, str | None]:
+def _run_point(target: Target, params: dict[str, Any], backend: str) -> tuple[Any, str | None]:
     """Outputs of one point: a solver run through core.solve, or a plain function call."""
     if callable(target):
         return target(**params), None
-    import core
-    from core.registry import get_solver
-    from core.solver import problem_from_params
-
     spec = get_solver(target)
-    problem = problem_from_params(spec, params)
-    result = core.solve(problem, backend=backend, solver=spec.name)
+    result = solve(problem_from_params(spec, params), backend=backend, solver=spec.name)
     return dict(result.outputs), result.backend
 
 
-def _point_task(task: tuple, shared: Mapping[str, Any], seed: Any) -> tuple:
-    """Worker side: run one point, turning any exception into a recorded error."""
+def _point_task(task: tuple, shared: Mapping[str, Any], seed: Any) -> Row:
+    """Run one point (in this process or a worker), turning any exception into a recorded error."""
     target, params, backend = task
     started = time.perf_counter()
     try:
@@ -71,61 +78,111 @@ def _point_task(task: tuple, shared: Mapping[str, Any], seed: Any) -> tuple:
         return None, f"{type(exc).__name__}: {exc}", time.perf_counter() - started, backend
 
 
-def _worker_backend(target: str | Callable[..., Any]) -> str:
-    """Inside a pool worker (one thread each) the fastest single-process backend."""
+def _task_backend(target: Target) -> str:
+    """Where a point runs inside a parallel task: numba (any variant) if the solver has it, else numpy.
+
+    Inside a task the parallel backend is already the parallelism, so a
+    point takes the fastest single-process backend, never auto (which might
+    calibrate in every worker).
+    """
     if callable(target):
         return "numpy"
-    from core.registry import get_solver
-
-    spec = get_solver(target)
-    return "numba" if "numba" in spec.implementations else "numpy"
+    return "numba" if get_solver(target).implementations_on("numba") else "numpy"
 
 
-def sweep(target: str | SolverSpec | Callable[..., Any], grid, backend: str = "auto", *,
-          workers: int | None = None) -> list[SweepPoint]:
-    """Run ``target`` at every point of ``grid``; results in input order.
-
-    ``backend="process"`` spreads the points over the process pool (each
-    point then runs on numba, or numpy, inside its worker); any other
-    backend runs the points one after another in this process, each through
-    ``core.solve(problem, backend)``. ``"auto"`` uses the pool when there are
-    at least two points and two workers.
-    """
-    from core.backends.process_pool import default_workers, map_tasks
-
+def _checked_target(target: object) -> Target:
     if isinstance(target, SolverSpec):
         target = target.name
     if isinstance(target, str):
-        from core.registry import get_solver
-
         get_solver(target)  # an unknown name is one clear error, not one per point
-    elif not callable(target):
+        return target
+    if not callable(target):
         raise CrossoverError(f"target={target!r} is invalid: must be a solver name, a SolverSpec or a function")
-    if backend not in ("auto", "process"):
-        from core.api import availability
+    return target
 
-        availability(backend)  # raises for an unknown backend name
+
+def _mapping_backend(backend: str, n_points: int, workers: int | None) -> str | None:
+    """The backend the points are mapped on, or None to run them here one after another."""
+    backends = get_registry().backends
+    if backend == "auto":
+        if n_points < 2:
+            return None
+        try:
+            backend_for_map("process")
+        except CrossoverError:  # no pool here: the points run in this process
+            return None
+        return "process" if (workers or parallelism("process")) > 1 else None
+    if backend_of(backend) not in backends:
+        raise UnknownBackendError(f"unknown backend {backend!r}; registered backends: {', '.join(backends)}")
+    return backend if backends[backend_of(backend)].map is not None and ":" not in backend else None
+
+
+def _run_here(target: Target, points: list[dict[str, Any]], backend: str,
+              report: Callable[[int, Row], None]) -> list[Row]:
+    rows = []
+    for i, params in enumerate(points):
+        rows.append(_point_task((target, params, backend), {}, None))
+        report(i, rows[-1])
+    return rows
+
+
+def _run_mapped(target: Target, points: list[dict[str, Any]], backend: str, options: dict[str, Any],
+                report: Callable[[int, Row], None]) -> list[Row]:
+    """Map the points on ``backend``; a task the map loses is recorded and the rest run again."""
+    inner = _task_backend(target)
+    rows: list[Row | None] = [None] * len(points)
+    pending = list(range(len(points)))
+    while pending:
+        batch = pending
+
+        def finished(index: int, row: Row, batch: list[int] = batch) -> None:
+            rows[batch[index]] = row
+            report(batch[index], row)
+
+        tasks = [(target, points[i], inner) for i in batch]
+        labels = [repr(points[i])[:60] for i in batch]
+        try:
+            map_tasks(_point_task, tasks, labels=labels, backend=backend, on_result=finished, **options)
+        except TaskFailedError as lost:  # a dead worker, or a result that could not come back
+            why = "worker process died" if isinstance(lost, WorkerCrashedError) else "task failed"
+            # index -1: the worker died before any task started; blame the first so the loop moves on
+            finished(max(lost.task_index, 0), (None, f"{why}: {lost}", 0.0, inner))
+        pending = [i for i in batch if rows[i] is None]
+    return rows
+
+
+def sweep(target: str | SolverSpec | Callable[..., Any], grid, backend: str = "auto", *,
+          workers: int | None = None, on_result: PointCallback | None = None) -> list[SweepPoint]:
+    """Run ``target`` at every point of ``grid``; results in input order.
+
+    - A backend with a task map (``"process"``, or a third party's) spreads
+      the points over its workers with :func:`core.tasks.map_tasks`; each
+      point then runs on numba (or numpy, if the solver has no numba
+      implementation) inside its task.
+    - Any other backend runs the points one after another in this process,
+      each through ``core.solve(problem, backend)``.
+    - ``"auto"`` maps on the process pool when there are at least two points
+      and it has at least two workers, and otherwise runs here with auto.
+
+    ``workers`` sizes the process pool (process backend only).
+    ``on_result(index, point)`` is called in this process as each point
+    finishes, in completion order, for checkpoints and progress.
+    """
+    target = _checked_target(target)
     points = expand(grid)
-    parallel = backend == "process" or (backend == "auto" and len(points) > 1
-                                         and (workers or default_workers()) > 1)
-    if not parallel:
-        rows = [_point_task((target, params, backend), {}, None) for params in points]
+    mapped_on = _mapping_backend(backend, len(points), workers)
+
+    def report(index: int, row: Row) -> None:
+        if on_result is not None:
+            on_result(index, _as_point(points[index], row))
+
+    if mapped_on is None:
+        rows = _run_here(target, points, backend, report)
     else:
-        inner = _worker_backend(target)
-        rows: list[Any] = [None] * len(points)
-        pending = list(range(len(points)))
-        while pending:
-            tasks = [(target, points[i], inner) for i in pending]
-            labels = [repr(points[i])[:60] for i in pending]
-            try:
-                for i, row in zip(pending, map_tasks(_point_task, tasks, workers=workers, labels=labels)):
-                    rows[i] = row
-                pending = []
-            except WorkerCrashedError as crash:
-                for i, row in zip(pending, crash.partial_results):
-                    rows[i] = row
-                dead = pending[crash.task_index] if crash.task_index >= 0 else pending[0]
-                rows[dead] = (None, f"worker process died: {crash}", 0.0, inner)
-                pending = [i for i in pending if rows[i] is None]
-    return [SweepPoint(params=points[i], outputs=row[0], error=row[1], seconds=row[2], backend=row[3])
-            for i, row in enumerate(rows)]
+        rows = _run_mapped(target, points, mapped_on, {} if workers is None else {"workers": workers}, report)
+    return [_as_point(params, row) for params, row in zip(points, rows)]
+
+
+def _as_point(params: dict[str, Any], row: Row) -> SweepPoint:
+    outputs, error, seconds, backend = row
+    return SweepPoint(params=params, outputs=outputs, error=error, seconds=seconds, backend=backend)

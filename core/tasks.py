@@ -1,43 +1,85 @@
-"""Batches of independent tasks: seeding and the serial reference runner.
+"""One task map for every parallel backend.
 
-A solver that splits its work into tasks writes one task function
-``fn(task, shared, seed) -> result`` and hands it either to
-:func:`run_serially` (the NumPy reference) or to the process backend's
-:func:`~core.backends.process_pool.map_tasks`. Both derive the per-task
-random streams the same way, so every task draws the same numbers whatever
-the number of workers (results are bit-identical unless a task's own
-arithmetic depends on its thread count, as multi-threaded BLAS sums can).
+A solver that splits its work into independent tasks writes one task
+function ``fn(task, shared, seed) -> result`` and hands it to
+:func:`map_tasks` with the name of a backend: the process pool, or any
+registered backend that provides a ``map`` (a Dask cluster, a third
+party's). The solver never imports a backend's module, so a new parallel
+backend runs every such solver unchanged. :func:`run_serially` is the
+reference; every backend seeds task ``i`` with the ``i``-th child of
+``SeedSequence(seed)``, as it does, so results agree bit for bit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-TaskFn = Callable[[Any, Mapping[str, np.ndarray], "np.random.SeedSequence | None"], Any]
+from core.backend import Backend, safe_probe
+from core.errors import BackendUnavailableError, UnknownBackendError
+from core.registry import get_registry
+from core.seeded_tasks import ResultCallback, TaskFn, readonly_views, run_serially, task_labels, task_seeds
+
+__all__ = ["ResultCallback", "TaskFn", "backend_for_map", "map_tasks", "mapping_backends", "parallelism",
+           "readonly_views", "run_serially", "task_labels", "task_seeds"]
 
 
-def task_seeds(seed: int | None, n_tasks: int) -> list[np.random.SeedSequence | None]:
-    """One independent SeedSequence per task (``SeedSequence.spawn``), or Nones."""
-    if seed is None:
-        return [None] * n_tasks
-    return np.random.SeedSequence(seed).spawn(n_tasks)
+def mapping_backends() -> list[str]:
+    """Names of the registered backends that can map tasks, in registration order."""
+    return [name for name, backend in get_registry().backends.items() if backend.map is not None]
 
 
-def readonly_views(shared: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
-    """Read-only views of the shared inputs, as workers see them."""
-    views = {}
-    for name, array in (shared or {}).items():
-        view = np.asarray(array).view()
-        view.setflags(write=False)
-        views[name] = view
-    return views
+def _registered(name: str) -> Backend:
+    backends = get_registry().backends
+    if name not in backends:
+        raise UnknownBackendError(f"unknown backend {name!r}; registered backends: {', '.join(backends)}")
+    return backends[name]
 
 
-def run_serially(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarray] | None = None,
-                 seed: int | None = None) -> list[Any]:
-    """Run every task in this process, in order; the reference for parallel runners."""
-    views = readonly_views(shared)
-    return [fn(task, views, s) for task, s in zip(tasks, task_seeds(seed, len(tasks)))]
+def backend_for_map(name: str) -> Backend:
+    """The backend that will run a map, or a one-line error saying why ``name`` cannot."""
+    backend = _registered(name)
+    if backend.map is None:
+        raise UnknownBackendError(f"backend {name!r} cannot map tasks; backends that can: "
+                                  f"{', '.join(mapping_backends()) or 'none'}")
+    status = safe_probe(backend)
+    if not status.available:
+        raise BackendUnavailableError(f"backend {name!r} is unavailable here: {status.reason}")
+    return backend
+
+
+def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarray] | None = None,
+              seed: int | None = None, labels: Sequence[str] | None = None, backend: str = "process",
+              on_result: ResultCallback | None = None, **options: Any) -> list[Any]:
+    """Run ``fn(task, shared, seed)`` for every task on ``backend``; results in task order.
+
+    - ``fn`` must be importable by name (a module-level function), since
+      workers in other processes or machines run it.
+    - ``shared`` arrays are sent once and arrive read-only.
+    - With ``seed``, task ``i`` gets the ``i``-th child of
+      ``SeedSequence(seed)``, exactly as :func:`run_serially` does.
+    - ``labels`` name the tasks in errors (default: each task's short repr).
+    - ``on_result(index, result)`` runs in the calling process as each task
+      completes, in completion order: for checkpoints and progress.
+    - ``options`` go to the backend's own ``map`` unchanged (``workers=`` for
+      the process pool).
+
+    A failing task raises :class:`~core.errors.TaskFailedError` and a lost
+    worker :class:`~core.errors.WorkerCrashedError`; both name the task and
+    keep the finished results. An unknown backend, one without a ``map``, or
+    one unavailable here raises before any task runs.
+    """
+    runner = backend_for_map(backend)
+    return runner.map(fn, tasks, shared=shared, seed=seed, labels=labels, on_result=on_result, **options)
+
+
+def parallelism(backend: str) -> int:
+    """How many tasks ``backend`` runs at once (the pool's workers, the cluster's slots)."""
+    runner = _registered(backend)
+    if runner.parallelism is None:
+        able = [name for name, b in get_registry().backends.items() if b.parallelism is not None]
+        raise UnknownBackendError(f"backend {backend!r} does not run tasks in parallel; backends that do: "
+                                  f"{', '.join(able) or 'none'}")
+    return max(1, int(runner.parallelism()))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.costmodel import Sample, fit
+from core.costmodel.fit import Sample, fit
 from core.costmodel.plan import choose
 
 SIZES = [1e3, 4e3, 1.6e4, 6.4e4, 2.56e5, 1e6]

@@ -11,7 +11,8 @@ import pytest
 
 import core
 from core.costmodel import history as timings
-from core.costmodel.calibrate import sample_record
+from core.costmodel.history import sample_record
+from core.running import forget_probes
 from core.validation import check_int
 
 DEVICE_FREE_BYTES = {"value": 1e12}
@@ -64,9 +65,10 @@ def synthetic(fresh_registry, empty_cache):
     core.register(Synthetic(), name="synthetic")
     spec = core.solvers()["synthetic.work"]
     for name, (intercept, slope, one_off, _) in KNOWN.items():
-        records = [sample_record(spec, p, intercept + slope * p.n, "calibration") for p in spec.ladder(True)]
+        records = [sample_record(spec, name, p, intercept + slope * p.n, "calibration") for p in spec.ladder(True)]
         timings.record_calibration(spec, name, records, one_off, {})
     DEVICE_FREE_BYTES["value"] = 1e12
+    forget_probes()
     return spec
 
 
@@ -97,10 +99,12 @@ def test_break_even_between_serial_and_pool(synthetic):
 
 
 def test_margin_rule_prefers_the_simpler_backend():
+    from core.costmodel.plan import choose
+
     simplicity = {"numpy": 0, "process": 30}
-    assert core.costmodel.plan.choose({"numpy": 1.0, "process": 0.97}, simplicity) == "numpy"
-    assert core.costmodel.plan.choose({"numpy": 1.0, "process": 0.90}, simplicity) == "process"
-    assert core.costmodel.plan.choose({"numpy": 1.0, "process": 0.97}, simplicity, margin=0.0) == "process"
+    assert choose({"numpy": 1.0, "process": 0.97}, simplicity) == "numpy"
+    assert choose({"numpy": 1.0, "process": 0.90}, simplicity) == "process"
+    assert choose({"numpy": 1.0, "process": 0.97}, simplicity, margin=0.0) == "process"
 
 
 def test_margin_rule_in_a_plan(synthetic):
@@ -116,7 +120,7 @@ def test_unpaid_one_off_costs_are_charged_once_per_process(synthetic):
     assert first.backend == "serial"
     assert first.predictions["device"].one_off_seconds == 1.0
     core.solve(problem, backend="device")  # pays the one-off
-    second = core.plan(problem)
+    second = core.plan(problem, expected_calls=1)
     assert second.backend == "device" and second.predictions["device"].one_off_seconds == 0.0
     # spreading the pool's one-off over many calls also makes it worth paying
     assert core.plan(problem, expected_calls=1e6).predictions["pool"].one_off_seconds == 0.5
@@ -129,6 +133,7 @@ def test_uncalibrated_backend_is_reported_not_chosen(synthetic):
             return [core.Backend(name="late", summary="synthetic", probe=lambda: core.Availability(True))]
 
     core.register(Late(), name="late")
+    forget_probes()
     spec = core.solvers()["synthetic.work"]
     patched = dataclasses.replace(spec, implementations={**spec.implementations, "late": _echo})
     core.registry.get_registry().solvers["synthetic.work"] = patched
@@ -155,8 +160,17 @@ def test_solves_add_to_the_history_and_the_model_refits(synthetic):
     assert after is not before and after.n_samples + after.n_rejected == before.n_samples + 1
 
 
+def test_a_named_backend_checks_memory_too(synthetic):
+    DEVICE_FREE_BYTES["value"] = 1e6  # the problem needs 8 MB
+    with pytest.raises(core.NotEnoughMemoryError,
+                       match=r"^backend 'device' cannot run synthetic.work on this problem: device: not enough memory: "
+                             r"needs 0.01 GiB, 0.00 GiB free$"):
+        core.solve(WorkProblem(1_000_000), backend="device")
+
+
 def test_auto_on_an_uncalibrated_solver_calibrates_once_and_logs(fresh_registry, empty_cache, caplog):
     core.register(Synthetic(), name="synthetic")
+    forget_probes()
     with caplog.at_level(logging.WARNING, logger="crossover"):
         result = core.solve(WorkProblem(100))
     assert "synthetic.work has never been calibrated on this machine" in caplog.text
@@ -193,7 +207,7 @@ def test_break_even_applies_memory_limits_size_by_size(synthetic):
 
 def test_first_calls_update_the_one_off_cost(synthetic):
     spec = synthetic
-    assert timings.one_off(spec, "serial") == 0.0
+    assert timings.one_off(spec, "serial", WorkProblem(10)) == 0.0
     core.solve(WorkProblem(10), backend="serial")  # instant: observed one-off is about 0
     entry = timings.stored()["solvers"]["synthetic.work"]["backends"]["serial"]
     assert len(entry["one_off_observations"]) == 2  # the calibration's and this first call's

@@ -13,6 +13,11 @@ Why each choice:
   costs more than most tasks do.
 - *a start/finish marker per task in shared memory*: when a worker dies the
   executor only says "broken pool"; the markers tell which task was running.
+- *results handed over as they complete* (``on_result``): a long map can
+  checkpoint or show progress without waiting for its slowest task.
+
+Plugins never call this module: they call :func:`core.tasks.map_tasks`,
+which reaches :func:`map_tasks` here through the ``map`` of :data:`BACKEND`.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ import atexit
 import multiprocessing
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed, wait
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import shared_memory
 from typing import Any
@@ -31,14 +37,18 @@ import numpy as np
 
 from core.backend import Availability, Backend, host_free_memory
 from core.errors import TaskFailedError, WorkerCrashedError
-from core.tasks import TaskFn, task_seeds
+from core.seeded_tasks import ResultCallback, TaskFn, task_labels, task_seeds
 from core.validation import env_flag
 
 _STARTED, _FINISHED = 1, 2
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 
+# a worker waits this long at most for its peers to check in (a start never hangs)
+_START_TIMEOUT_SECONDS = 60.0
+
 _executor: ProcessPoolExecutor | None = None
 _executor_workers = 0
+_started: ProcessPoolExecutor | None = None  # the pool whose every worker is known to be up
 
 
 def default_workers() -> int:
@@ -74,10 +84,49 @@ def get_executor(workers: int | None = None) -> ProcessPoolExecutor:
 
 def shutdown() -> None:
     """Stop the pool's workers; the next map starts a fresh pool."""
-    global _executor
+    global _executor, _started
     if _executor is not None:
         _executor.shutdown(wait=True, cancel_futures=True)
         _executor = None
+    _started = None
+
+
+def start_pool(workers: int | None = None) -> None:
+    """Start the pool and return once every worker process is up and initialised.
+
+    The executor starts workers on demand, one per task that finds none
+    idle, so a first map would pay their start-up inside its own time.
+    The core calls this (as the backend's ``start``) to time that one-off
+    cost on its own, once per process. Each worker runs one check-in task
+    that waits until all have checked in, so no worker can take two and
+    every worker must have started.
+    """
+    global _started
+    executor = get_executor(workers)
+    if _started is executor:
+        return
+    count = _executor_workers
+    marker = shared_memory.SharedMemory(create=True, size=count)
+    try:
+        states = np.ndarray((count,), np.int8, buffer=marker.buf)
+        states[:] = 0
+        del states  # the block cannot be closed while a view of it lives
+        futures = [executor.submit(_check_in, i, marker.name, count) for i in range(count)]
+        for future in futures:
+            future.result()
+    finally:
+        _release([marker])
+    _started = executor
+
+
+def _check_in(index: int, marker: str, count: int) -> int:
+    """Worker side of :func:`start_pool`: mark this worker up, then wait for the others."""
+    states = np.ndarray((count,), np.int8, buffer=_attach(marker).buf)
+    states[index] = _STARTED
+    deadline = time.monotonic() + _START_TIMEOUT_SECONDS
+    while not np.all(states) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return os.getpid()
 
 
 atexit.register(shutdown)
@@ -115,9 +164,8 @@ def _init_worker(counter=None, workers: int = 1) -> None:
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(1)
-    from core.costmodel import history as timings
-
-    timings.disable()
+    # a worker's solves are parts of the caller's: the timing history must not store them as whole solves
+    os.environ["CROSSOVER_POOL_WORKER"] = "1"
 
 
 # -- shared memory -----------------------------------------------------------
@@ -225,20 +273,22 @@ def _lendable_cores(workers: int) -> int:
 # -- the map -----------------------------------------------------------------
 
 def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarray] | None = None,
-              seed: int | None = None, workers: int | None = None,
-              labels: Sequence[str] | None = None) -> list[Any]:
+              seed: int | None = None, labels: Sequence[str] | None = None,
+              on_result: ResultCallback | None = None, workers: int | None = None) -> list[Any]:
     """Run ``fn(task, shared, seed)`` for every task on the pool; results in task order.
 
     ``fn`` must be importable (a module-level function). ``shared`` arrays
     travel once through shared memory and arrive read-only. With ``seed``,
     task ``i`` gets the ``i``-th child of ``SeedSequence(seed)``, exactly as
-    :func:`core.tasks.run_serially` does. A failing task raises
-    :class:`TaskFailedError`, a worker that dies raises
-    :class:`WorkerCrashedError`; both name the task and keep the results of
-    every task that finished.
+    :func:`core.tasks.run_serially` does. ``on_result(index, result)`` runs
+    here, in the calling process, as each task completes (completion
+    order). A failing task raises :class:`TaskFailedError`, a worker that
+    dies raises :class:`WorkerCrashedError`; both name the task and keep the
+    results of every task that finished. ``workers`` overrides the pool's
+    size (tests; otherwise :func:`default_workers`).
     """
     tasks = list(tasks)
-    labels = list(labels) if labels is not None else [repr(t)[:60] for t in tasks]
+    labels = task_labels(tasks, labels)
     handles, blocks = _share(shared or {})
     marker = shared_memory.SharedMemory(create=True, size=max(len(tasks), 1))
     states = np.ndarray((len(tasks),), np.int8, buffer=marker.buf)
@@ -247,26 +297,18 @@ def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarr
         executor = get_executor(workers)
         seeds = task_seeds(seed, len(tasks))
         lendable = _lendable_cores(_executor_workers)
-        futures = [executor.submit(_run_task, fn, i, task, handles, s, marker.name, len(tasks), lendable)
-                   for i, (task, s) in enumerate(zip(tasks, seeds))]
-        wait(futures)
-        results: list[Any] = [None] * len(tasks)
-        crashed, failure = False, None
-        for i, future in enumerate(futures):
-            error = future.exception()
-            if error is None:
-                results[i] = future.result()
-            elif isinstance(error, BrokenProcessPool):
-                crashed = True
-            elif failure is None:
-                failure = (i, error)
+        futures = {executor.submit(_run_task, fn, i, task, handles, s, marker.name, len(tasks), lendable): i
+                   for i, (task, s) in enumerate(zip(tasks, seeds))}
+        results, crashed, failures = _collect(futures, len(tasks), on_result)
         if crashed:
             suspects = [i for i in range(len(tasks)) if states[i] == _STARTED]
             del states
             shutdown()  # the broken pool is useless; the next map builds a new one
-            raise _crash_error(fn, tasks, labels, suspects, handles, seeds, marker.name, results, workers)
-        if failure is not None:
-            i, error = failure
+            raise _crash_error(fn, tasks, labels, suspects, handles, seeds, marker.name, results, workers,
+                               on_result)
+        if failures:
+            i = min(failures)  # the first failing task in the caller's order, whatever finished first
+            error = failures[i]
             raise TaskFailedError(f"task {i} ({labels[i]}) failed: {type(error).__name__}: {error}",
                                   i, results) from error
         return results
@@ -274,9 +316,39 @@ def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarr
         _release([*blocks, marker])
 
 
+def _collect(futures: dict[Future, int], count: int,
+             on_result: ResultCallback | None) -> tuple[list[Any], bool, dict[int, BaseException]]:
+    """Results in task order as they complete, whether the pool broke, and each failed task's error.
+
+    If ``on_result`` raises (or the caller is interrupted), the tasks not yet
+    started are cancelled and the running ones awaited before the error
+    goes on: their shared memory is released right after.
+    """
+    results: list[Any] = [None] * count
+    crashed, failures = False, {}
+    try:
+        for future in as_completed(futures):
+            i = futures[future]
+            error = future.exception()
+            if error is None:
+                results[i] = future.result()
+                if on_result is not None:
+                    on_result(i, results[i])
+            elif isinstance(error, BrokenProcessPool):
+                crashed = True
+            else:
+                failures[i] = error
+    except BaseException:
+        for future in futures:
+            future.cancel()
+        wait(futures)
+        raise
+    return results, crashed, failures
+
+
 def _crash_error(fn: TaskFn, tasks: list, labels: list[str], suspects: list[int],
                  handles: Mapping[str, ArrayHandle], seeds: list, marker: str, results: list,
-                 workers: int | None) -> WorkerCrashedError:
+                 workers: int | None, on_result: ResultCallback | None) -> WorkerCrashedError:
     """Name the task whose worker died, rerunning suspects alone when several were running."""
     culprits = list(suspects)
     if len(suspects) > 1:
@@ -288,8 +360,11 @@ def _crash_error(fn: TaskFn, tasks: list, labels: list[str], suspects: list[int]
             except BrokenProcessPool:
                 culprits.append(i)
                 shutdown()
+                continue
             except Exception:
-                pass  # an ordinary failure is not the crash we are naming
+                continue  # an ordinary failure is not the crash we are naming
+            if on_result is not None:
+                on_result(i, results[i])
         culprits = culprits or suspects
     if not culprits:
         return WorkerCrashedError("a worker process died before any task started", -1, results)
@@ -322,4 +397,7 @@ BACKEND = Backend(
     describe=_describe,
     simplicity=30,
     free_memory=host_free_memory,
+    start=start_pool,
+    map=map_tasks,
+    parallelism=default_workers,
 )

@@ -1,11 +1,17 @@
-"""Calibration: walk each solver's ladder on each backend and time it.
+"""Calibration: measure each implementation of a solver on the designed problems.
 
 Each sample is one warm-up run and then the median of at least three timed
-runs. The first warm-up of a (solver, backend) pair in this process also
-pays the one-off cost (JIT compile, pool start, CUDA context); its excess
-over the steady median is stored as that pair's one-off cost. A backend
-stops climbing once a sample exceeds the per-sample cap, and the whole
-calibration stops at its budget.
+runs. Before its first run in this process a backend is started (pool,
+CUDA context) and that start is timed as the backend's one-off; the first
+warm-up of an implementation then pays its own one-off (JIT compile), and
+its excess over the steady median is stored as that.
+
+The problems come from :mod:`core.costmodel.design`, cheapest first, and
+every implementation measures a problem before any measures the next, so
+that a budget that runs out leaves every backend with the same coverage
+(none is starved by a slow neighbour). An implementation skips a problem
+that its partial model predicts to take longer than the per-sample cap,
+and skips problems it does not support or whose memory does not fit.
 """
 
 from __future__ import annotations
@@ -17,32 +23,38 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.costmodel import history as timings
-from core.api import run_once
-from core.backend import safe_describe, safe_probe
+from core.backend import safe_describe
+from core.costmodel import history
+from core.costmodel.design import calibration_design
+from core.costmodel.features import feature_names, model_features
+from core.costmodel.fit import Sample, fit
 from core.errors import CrossoverError
 from core.registry import get_registry, get_solver
-from core.solver import SolverSpec
+from core.running import implementations, probe, run_once
+from core.solver import SolverSpec, backend_of
 
 log = logging.getLogger("crossover")
 
-QUICK = {"budget": 50.0, "sample_cap": 2.0, "repeats": 3}
+QUICK = {"budget": 25.0, "sample_cap": 0.5, "repeats": 3}
 FULL = {"budget": 600.0, "sample_cap": 30.0, "repeats": 5}
 
 
 @dataclass
 class BackendCalibration:
-    backend: str
+    backend: str  # the implementation key (``numba:fused``)
     samples: int = 0
     one_off_seconds: float | None = None
+    start_seconds: float | None = None
     seconds_spent: float = 0.0
-    stopped: str = "ladder done"
+    stopped: str = "design done"
+    skipped: int = 0
 
 
 @dataclass
 class SolverCalibration:
     solver: str
     seconds: float = 0.0
+    problems: int = 0
     backends: list[BackendCalibration] = field(default_factory=list)
 
 
@@ -52,16 +64,16 @@ MIN_SAMPLE_SECONDS = 0.05
 MAX_REPEATS = 25
 
 
-def measure(spec: SolverSpec, backend: str, problem: Any, repeats: int = 3) -> tuple[float, float]:
+def measure(spec: SolverSpec, implementation: str, problem: Any, repeats: int = 3) -> tuple[float, float]:
     """(warm-up seconds, median timed seconds) for one problem.
 
     At least ``max(3, repeats)`` timed runs; more for short runs, until they
     add up to ``MIN_SAMPLE_SECONDS``, like ``timeit``'s autorange.
     """
-    warm_up = run_once(spec, backend, problem)[1]
+    warm_up = run_once(spec, implementation, problem)[1]
     timed: list[float] = []
     while len(timed) < max(3, repeats) or (sum(timed) < MIN_SAMPLE_SECONDS and len(timed) < MAX_REPEATS):
-        timed.append(run_once(spec, backend, problem)[1])
+        timed.append(run_once(spec, implementation, problem)[1])
     return warm_up, statistics.median(timed)
 
 
@@ -76,76 +88,122 @@ def median_seconds(fn: Callable[[], Any], repeats: int = 3) -> float:
     return statistics.median(samples)
 
 
-def sample_record(spec: SolverSpec, problem: Any, seconds: float, source: str) -> dict[str, Any]:
-    return {"features": {k: float(v) for k, v in spec.features(problem).items()},
-            "size": float(getattr(problem, spec.size_axis)), "seconds": float(seconds), "source": source,
-            "at": time.time()}
+def runnable_implementations(spec: SolverSpec) -> list[str]:
+    """Implementation keys whose backend is registered and available here."""
+    backends = get_registry().backends
+    return [key for key in implementations(spec)
+            if backend_of(key) in backends and probe(backends[backend_of(key)]).available]
 
 
-def calibration_backends(spec: SolverSpec) -> list[str]:
-    registry = get_registry()
-    return [b for b in spec.backends if b in registry.backends and safe_probe(registry.backends[b]).available]
+def skip_reason(spec: SolverSpec, implementation: str, problem: Any) -> str:
+    """Why ``implementation`` should not run ``problem`` here ("" when it can)."""
+    reason = spec.supports(problem, implementation)
+    if reason:
+        return reason
+    free = get_registry().backends[backend_of(implementation)].free_memory()
+    if free is not None and float(spec.memory(problem, implementation)) > free:
+        return "not enough memory"
+    return ""
+
+
+@dataclass
+class _Climb:
+    """One implementation's progress through the design."""
+
+    row: BackendCalibration
+    records: list[dict[str, Any]] = field(default_factory=list)
+    capped: bool = False
+    done: bool = False
+
+    def predicted(self, spec: SolverSpec, problem: Any) -> float | None:
+        names = feature_names(spec, self.row.backend)
+        if len(self.records) < len(names) + 1:
+            return None
+        model = fit([Sample(r["features"], r["seconds"]) for r in self.records], names)
+        return model.predict(model_features(spec, problem, self.row.backend))[0]
 
 
 def calibrate_solver(spec: SolverSpec, *, quick: bool = True, budget: float | None = None,
                      sample_cap: float | None = None, backends: Iterable[str] | None = None,
                      progress: bool = False) -> SolverCalibration:
-    """Measure every available backend of one solver and store the samples."""
+    """Measure every available implementation of one solver on its design and store the samples."""
     settings = dict(QUICK if quick else FULL)
     budget = settings["budget"] if budget is None else budget
     sample_cap = settings["sample_cap"] if sample_cap is None else sample_cap
-    ladder = spec.ladder(quick)
-    names = list(backends) if backends is not None else calibration_backends(spec)
-    report = SolverCalibration(spec.name)
+    design = calibration_design(spec, quick)
+    names = list(backends) if backends is not None else runnable_implementations(spec)
+    report = SolverCalibration(spec.name, problems=len(design))
     started = time.perf_counter()
-    bar, task = _progress(progress, f"calibrating {spec.name}", len(names) * len(ladder))
+    climbs = [_Climb(BackendCalibration(name)) for name in names]
+    report.backends = [climb.row for climb in climbs]
+    bar, task = _progress(progress, f"calibrating {spec.name}", len(names) * len(design))
     try:
-        for backend in names:
-            row = BackendCalibration(backend)
-            report.backends.append(row)
-            was_paid = timings.is_paid(spec, backend)
-            records: list[dict[str, Any]] = []
-            backend_started = time.perf_counter()
-            for step, problem in enumerate(ladder):
-                if time.perf_counter() - started > budget:
-                    row.stopped = f"budget of {budget:g} s spent"
-                    break
-                try:
-                    warm_up, seconds = measure(spec, backend, problem, settings["repeats"])
-                except CrossoverError as exc:
-                    row.stopped = f"failed: {exc}"
-                    break
-                timings.mark_paid(spec, backend)
-                if step == 0 and not was_paid:
-                    row.one_off_seconds = max(0.0, warm_up - seconds)
-                records.append(sample_record(spec, problem, seconds, "calibration"))
+        for climb in climbs:
+            was_paid = history.is_paid(spec, climb.row.backend, design[0])
+            climb.row.start_seconds = history.start_backend(get_registry().backends[backend_of(climb.row.backend)])
+            climb.row.one_off_seconds = None if was_paid else 0.0  # set by the first warm-up below
+        first_run = {climb.row.backend: climb.row.one_off_seconds is not None for climb in climbs}
+        for problem in design:
+            for climb in climbs:
                 if bar is not None:
                     bar.advance(task)
-                if seconds > sample_cap:
-                    row.stopped = f"sample took {seconds:.2f} s > cap {sample_cap:g} s"
-                    break
-            row.samples = len(records)
-            row.seconds_spent = time.perf_counter() - backend_started
-            if records:
-                details = safe_describe(get_registry().backends[backend])
-                timings.record_calibration(spec, backend, records, row.one_off_seconds, details)
+                if climb.done:
+                    continue
+                if time.perf_counter() - started > budget:
+                    climb.row.stopped, climb.done = f"budget of {budget:g} s spent", True
+                    continue
+                _measure_one(spec, problem, climb, sample_cap, settings["repeats"], first_run)
     finally:
         if bar is not None:
             bar.stop()
+    for climb in climbs:
+        if climb.records:
+            details = safe_describe(get_registry().backends[backend_of(climb.row.backend)])
+            history.record_calibration(spec, climb.row.backend, climb.records, climb.row.one_off_seconds, details)
+        climb.row.samples = len(climb.records)
     report.seconds = time.perf_counter() - started
     return report
 
 
+def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: float, repeats: int,
+                 first_run: dict[str, bool]) -> None:
+    key = climb.row.backend
+    if skip_reason(spec, key, problem):
+        climb.row.skipped += 1
+        return
+    if climb.capped:
+        predicted = climb.predicted(spec, problem)
+        if predicted is None or predicted > sample_cap:
+            climb.row.skipped += 1
+            return
+    began = time.perf_counter()
+    try:
+        warm_up, seconds = measure(spec, key, problem, repeats)
+    except CrossoverError as exc:
+        climb.row.stopped, climb.done = f"failed: {exc}", True
+        return
+    finally:
+        climb.row.seconds_spent += time.perf_counter() - began
+    if first_run[key]:
+        first_run[key] = False
+        climb.row.one_off_seconds = max(0.0, warm_up - seconds)
+    history.mark_paid(spec, key, problem)
+    climb.records.append(history.sample_record(spec, key, problem, seconds, "calibration"))
+    if seconds > sample_cap:
+        climb.capped = True
+        climb.row.stopped = f"skips problems predicted above the {sample_cap:g} s cap"
+
+
 def calibrate(solvers: Iterable[str] | None = None, *, quick: bool = True, budget: float | None = None,
               progress: bool = False) -> list[SolverCalibration]:
-    """Calibrate the named solvers (all registered ones by default) on every available backend."""
+    """Calibrate the named solvers (all registered ones by default) on every available implementation."""
     names = list(solvers) if solvers is not None else sorted(get_registry().solvers)
     return [calibrate_solver(get_solver(name), quick=quick, budget=budget, progress=progress) for name in names]
 
 
 def ensure_calibrated(spec: SolverSpec) -> None:
     """Run one quick calibration for a solver never calibrated on this machine, and say so."""
-    if any(timings.model(spec, b) is not None for b in spec.backends):
+    if any(history.model(spec, key) is not None for key in implementations(spec)):
         return
     log.warning("solver %s has never been calibrated on this machine: running one quick calibration "
                 "(at most %g s; `crossover calibrate` does it ahead of time)", spec.name, QUICK["budget"])

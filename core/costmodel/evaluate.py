@@ -1,33 +1,38 @@
-"""The honesty check: does auto-selection pick the fastest backend off the ladder?
+"""The honesty check: does auto-selection pick the fastest implementation on problems it never measured?
 
-At sizes the calibration never saw (between ladder points and beyond its
-top) every backend is timed, and the automatic choice, made *before* the
-timings and without learning from them, is scored by its regret
-``t_chosen / t_best - 1``: 0 when it picked the fastest, 0.5 when the pick
-took 50 % longer than the best backend would have.
+Held-out problems are seeded random points of the solver's size space that
+calibration never measured, plus a few beyond the top of its size axis
+(:func:`core.costmodel.design.held_out_problems`). On each, every runnable
+implementation is timed, and the choice the *models* make, before the
+timings and without learning from them (no measuring, one-off costs
+ignored), is scored by its regret ``t_chosen / t_best - 1``: 0 when it
+picked the fastest, 0.5 when the pick took 50 % longer than the best would
+have. Rows where a real ``solve`` would not have trusted the models, and
+would have measured instead, are marked.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from core.costmodel.calibrate import ensure_calibrated, measure
-from core.costmodel.plan import plan, with_size
+from core.costmodel.design import held_out_problems
+from core.costmodel.plan import plan
 from core.registry import get_solver
-from core.solver import SolverSpec
 
 
 @dataclass
 class EvaluationRow:
     size: float
+    params: dict[str, Any]
     seconds: dict[str, float]
     chosen: str
     best: str
     regret: float
+    confident: bool = True
 
 
 @dataclass
@@ -47,37 +52,33 @@ class Evaluation:
     def max_regret(self) -> float:
         return max(self.regrets) if self.rows else math.nan
 
+    def worst(self, count: int = 3) -> list[EvaluationRow]:
+        return sorted(self.rows, key=lambda row: row.regret, reverse=True)[:count]
+
     def to_dict(self) -> dict[str, Any]:
         return {"solver": self.solver, "median_regret": self.median_regret, "max_regret": self.max_regret,
                 "rows": [vars(row) for row in self.rows]}
 
 
-def held_out_problems(spec: SolverSpec, quick: bool = True) -> list[Any]:
-    """Problems at the geometric midpoints of the ladder and at 2x and 4x its top."""
-    ladder = sorted(spec.ladder(quick), key=lambda p: float(getattr(p, spec.size_axis)))
-    sizes = [float(getattr(p, spec.size_axis)) for p in ladder]
-    targets = [math.sqrt(a * b) for a, b in itertools.pairwise(sizes)] + [sizes[-1] * 2, sizes[-1] * 4]
-    problems = []
-    for target in targets:
-        nearest = min(ladder, key=lambda p: abs(math.log(float(getattr(p, spec.size_axis)) / target)))
-        resized = with_size(spec, nearest, target)
-        if resized is not None:
-            problems.append(resized)
-    return problems
+def _params(problem: Any, fields: list[str]) -> dict[str, Any]:
+    return {name: getattr(problem, name) for name in fields}
 
 
-def evaluate(solver: str, quick: bool = True, repeats: int = 3) -> Evaluation:
-    """Time every runnable backend at held-out sizes and score the automatic choice."""
+def evaluate(solver: str, quick: bool = True, repeats: int = 3, count: int = 12, seed: int = 2024) -> Evaluation:
+    """Time every runnable implementation on held-out problems and score the models' choice."""
     spec = get_solver(solver)
     ensure_calibrated(spec)
     report = Evaluation(spec.name)
-    for problem in held_out_problems(spec, quick):
-        # decide first, on the steady state (evaluation warms every backend up)
-        decision = plan(problem, solver=spec.name, expected_calls=math.inf)
-        runnable = [b for b in spec.backends if b not in decision.excluded]
-        seconds = {b: measure(spec, b, problem, repeats)[1] for b in runnable}
+    fields = list(spec.space(quick).ranges) + list(spec.space(quick).choices) if spec.space else [spec.size_axis]
+    for problem in held_out_problems(spec, quick, count=count, seed=seed):
+        # decide first, on the steady state (evaluation warms every implementation up)
+        decision = plan(problem, solver=spec.name, expected_calls=math.inf, explain=False)
+        runnable = [key for key in decision.predictions if key not in decision.excluded]
+        seconds = {key: measure(spec, key, problem, repeats)[1] for key in runnable}
         best = min(seconds, key=seconds.get)
-        report.rows.append(EvaluationRow(size=float(getattr(problem, spec.size_axis)), seconds=seconds,
+        report.rows.append(EvaluationRow(size=float(getattr(problem, spec.size_axis)),
+                                         params=_params(problem, fields), seconds=seconds,
                                          chosen=decision.backend, best=best,
-                                         regret=seconds[decision.backend] / seconds[best] - 1))
+                                         regret=seconds[decision.backend] / seconds[best] - 1,
+                                         confident=decision.confident))
     return report

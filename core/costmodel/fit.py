@@ -1,7 +1,7 @@
-"""The cost model: ``t = c0 + sum_i c_i * phi_i``, ``c >= 0``, fitted for relative error.
+"""The fit: ``t = c0 + sum_i c_i * phi_i``, ``c >= 0``, for relative error, and what it can predict.
 
 This module is pure arithmetic on samples; measuring them is
-:mod:`core.costmodel.calibrate` and storing them is :mod:`core.costmodel.store`.
+:mod:`core.costmodel.calibrate` and storing them :mod:`core.costmodel.store`.
 
 Why these choices:
 
@@ -12,21 +12,40 @@ Why these choices:
 - *outlier rejection*: one sample taken while a neighbour hogged the CPU must
   not move a decision, so the worst sample is dropped while it is more than
   3x off the fit of the others (only where there are at least three more
-  samples than coefficients, so that "the others" still pin the fit down).
+  samples than coefficients, so that "the others" still pin the fit down);
+- *identifiability*: a coefficient the samples cannot tell apart from the
+  others (a feature that never moved, or moved in lock-step with another)
+  is dropped from the fit and reported, instead of splitting its share at
+  random with its twin;
+- *honest error*: the error the plan's margin and confidence use is the
+  leave-one-out error (each sample predicted by a fit that did not see it),
+  which is what a prediction at a new problem is worth; the in-sample error
+  flatters a model with as many coefficients as samples;
+- *trust region*: a prediction is "extrapolated" when its features leave the
+  box of the fitted rows (beyond a factor of 2) or the region they span in
+  log scale, along the principal axes of the fitted rows; a direction the
+  samples never moved in allows a factor of 2 at most. A model with fewer
+  distinct samples than coefficients is "uncalibrated" whatever it predicts.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.optimize import nnls
 
-# a prediction whose features are beyond this factor of the fitted range is "extrapolated"
+# a prediction whose features are beyond this factor of the fitted region is "extrapolated"
 EXTRAPOLATION_FACTOR = 2.0
 # a sample this many times off the others' fit is an outlier
 OUTLIER_RATIO = 3.0
+# singular values below this fraction of the largest are directions the samples never moved in
+RANK_TOLERANCE = 1e-6
+# a log-feature direction with less spread than this (log units) was never really varied
+FLAT_DIRECTION = 0.05
+INTERCEPT = "(intercept)"
 
 
 @dataclass(frozen=True)
@@ -39,7 +58,7 @@ class Sample:
 
 @dataclass(frozen=True)
 class CostModel:
-    """A fitted model for one (solver, backend) pair on this machine."""
+    """A fitted model for one (solver, implementation) pair on this machine."""
 
     feature_names: tuple[str, ...]
     intercept: float
@@ -47,10 +66,18 @@ class CostModel:
     ranges: Mapping[str, tuple[float, float]]
     n_samples: int
     n_rejected: int
-    relative_error: float  # root-mean-square relative residual of the kept samples
+    relative_error: float  # leave-one-out root-mean-square relative error (in-sample when too few samples)
+    in_sample_error: float = 0.0
+    rank: int = 0
+    undetermined: tuple[str, ...] = ()  # coefficients the samples could not determine (dropped)
+    calibrated: bool = True  # enough distinct samples for every coefficient
+    # the trust region in log1p(feature) space: centre, principal axes, and the span along each
+    centre: tuple[float, ...] = ()
+    axes: tuple[tuple[float, ...], ...] = ()
+    span: tuple[tuple[float, float], ...] = field(default=())
 
     def predict(self, features: Mapping[str, float]) -> tuple[float, bool]:
-        """Predicted seconds, and whether the features lie far outside the fitted range."""
+        """Predicted seconds, and whether the features lie outside the fitted region."""
         phi = [float(features.get(name, 0.0)) for name in self.feature_names]
         seconds = self.intercept + sum(c * x for c, x in zip(self.coefficients, phi))
         return seconds, self.extrapolated(features)
@@ -60,55 +87,134 @@ class CostModel:
             value = float(features.get(name, 0.0))
             if value > high * EXTRAPOLATION_FACTOR or value < low / EXTRAPOLATION_FACTOR:
                 return True
+        if not self.axes:
+            return False
+        point = np.log1p([max(float(features.get(n, 0.0)), 0.0) for n in self.feature_names]) - self.centre
+        slack = math.log(EXTRAPOLATION_FACTOR)
+        for axis, (low, high) in zip(self.axes, self.span):
+            coordinate = float(np.dot(axis, point))
+            if coordinate < low - slack or coordinate > high + slack:
+                return True
         return False
 
+    @property
+    def status(self) -> str:
+        return "calibrated" if self.calibrated else "uncalibrated"
 
-def _solve(samples: Sequence[Sample], names: Sequence[str]) -> np.ndarray:
-    """Weighted NNLS: minimise sum(((X c - t) / t)^2) with c >= 0."""
-    from scipy.optimize import nnls  # imported on first fit: a plain solve should not pay for scipy
 
-    seconds = np.array([s.seconds for s in samples])
-    design = np.array([[1.0, *(float(s.features.get(n, 0.0)) for n in names)] for s in samples])
+def _design(samples: Sequence[Sample], names: Sequence[str]) -> np.ndarray:
+    return np.array([[1.0, *(float(s.features.get(n, 0.0)) for n in names)] for s in samples])
+
+
+def identified_columns(design: np.ndarray, seconds: np.ndarray) -> list[int]:
+    """Columns of the (1/t weighted) design that add rank, intercept first, in order.
+
+    A column that does not raise the rank is a combination of the kept ones:
+    the samples cannot say how much time belongs to it.
+    """
     weighted = design / seconds[:, None]
+    scale = np.abs(weighted).max(axis=0)
+    scale[scale == 0] = 1.0
+    weighted = weighted / scale
+    kept: list[int] = []
+    for column in range(design.shape[1]):
+        trial = weighted[:, [*kept, column]]
+        singular = np.linalg.svd(trial, compute_uv=False)
+        if singular[-1] > RANK_TOLERANCE * singular[0]:
+            kept.append(column)
+    return kept
+
+
+def _solve(design: np.ndarray, seconds: np.ndarray, columns: Sequence[int]) -> np.ndarray:
+    """Weighted NNLS on the kept columns: minimise sum(((X c - t) / t)^2), c >= 0; zeros elsewhere."""
+    weighted = design[:, columns] / seconds[:, None]
     # columns scaled to unit maximum so NNLS is well conditioned across 1 .. 1e10 feature values
     scale = np.abs(weighted).max(axis=0)
     scale[scale == 0] = 1.0
-    coefficients, _ = nnls(weighted / scale, np.ones(len(samples)))
-    return coefficients / scale
+    solution, _ = nnls(weighted / scale, np.ones(len(seconds)))
+    coefficients = np.zeros(design.shape[1])
+    coefficients[list(columns)] = solution / scale
+    return coefficients
 
 
-def _log_residuals(samples: Sequence[Sample], names: Sequence[str], c: np.ndarray) -> np.ndarray:
-    predicted = np.array([c[0] + sum(ci * float(s.features.get(n, 0.0)) for ci, n in zip(c[1:], names))
-                          for s in samples])
-    observed = np.array([s.seconds for s in samples])
-    return np.log(np.maximum(observed, 1e-12) / np.maximum(predicted, 1e-12))
+def _log_residuals(design: np.ndarray, seconds: np.ndarray, c: np.ndarray) -> np.ndarray:
+    predicted = design @ c
+    return np.log(np.maximum(seconds, 1e-12) / np.maximum(predicted, 1e-12))
 
 
-def fit(samples: Sequence[Sample]) -> CostModel:
-    """Fit a model to at least one sample with positive, finite seconds."""
+def _leave_one_out_error(design: np.ndarray, seconds: np.ndarray, columns: Sequence[int]) -> float | None:
+    """RMS relative error of each sample predicted by a fit without it (None: too few samples)."""
+    n = len(seconds)
+    if n < len(columns) + 2:
+        return None
+    errors = []
+    for i in range(n):
+        keep = np.arange(n) != i
+        c = _solve(design[keep], seconds[keep], columns)
+        errors.append(math.expm1(abs(_log_residuals(design[i:i + 1], seconds[i:i + 1], c)[0])))
+    return float(np.sqrt(np.mean(np.square(errors))))
+
+
+def _trust_region(rows: np.ndarray) -> tuple[tuple, tuple, tuple]:
+    """Centre, principal axes and the fitted rows' extent along each, in log1p(feature) space."""
+    logs = np.log1p(np.maximum(rows, 0.0))
+    centre = logs.mean(axis=0)
+    centred = logs - centre
+    if len(rows) > 1:
+        _, singular, axes = np.linalg.svd(centred, full_matrices=True)
+    else:
+        singular, axes = np.zeros(0), np.eye(rows.shape[1])
+    spread = np.zeros(rows.shape[1])
+    spread[:len(singular)] = singular / math.sqrt(max(len(rows), 1))
+    span = []
+    for axis, width in zip(axes, spread):
+        coordinates = centred @ axis
+        if width < FLAT_DIRECTION:  # never varied: only the slack around the centre is trusted
+            span.append((0.0, 0.0))
+        else:
+            span.append((float(coordinates.min()), float(coordinates.max())))
+    return tuple(float(v) for v in centre), tuple(tuple(float(v) for v in a) for a in axes), tuple(span)
+
+
+def fit(samples: Sequence[Sample], names: Sequence[str] | None = None) -> CostModel:
+    """Fit a model to at least one sample with positive, finite seconds.
+
+    ``names`` fixes the feature order (default: every feature seen, sorted).
+    """
     samples = [s for s in samples if math.isfinite(s.seconds) and s.seconds > 0]
     if not samples:
         raise ValueError("cannot fit a cost model without samples")
-    names = tuple(sorted({name for s in samples for name in s.features}))
-    kept = list(samples)
-    coefficients = _solve(kept, names)
+    names = tuple(names) if names is not None else tuple(sorted({name for s in samples for name in s.features}))
+    design = _design(samples, names)
+    seconds = np.array([s.seconds for s in samples])
+    columns = identified_columns(design, seconds)
+    coefficients = _solve(design, seconds, columns)
+    kept = np.arange(len(samples))
     # drop the worst sample while it is an outlier, never more than a quarter of them, and only
     # when the others still over-determine the fit: with as many samples as coefficients any
     # sample looks wild to a fit made without it
-    droppable = len(samples) // 4 if len(samples) >= len(names) + 3 else 0
+    droppable = len(samples) // 4 if len(samples) >= len(names) + 4 else 0
     for _ in range(droppable):
-        residuals = _log_residuals(kept, names, coefficients)
+        residuals = _log_residuals(design[kept], seconds[kept], coefficients)
         worst = int(np.argmax(np.abs(residuals)))
-        trial = kept[:worst] + kept[worst + 1:]
-        trial_coefficients = _solve(trial, names)
+        trial = np.delete(kept, worst)
+        trial_coefficients = _solve(design[trial], seconds[trial], columns)
         # judge the suspect against a fit that did not see it
-        if abs(_log_residuals([kept[worst]], names, trial_coefficients)[0]) < math.log(OUTLIER_RATIO):
+        suspect = kept[worst:worst + 1]
+        if abs(_log_residuals(design[suspect], seconds[suspect], trial_coefficients)[0]) < math.log(OUTLIER_RATIO):
             break
         kept, coefficients = trial, trial_coefficients
-    relative = np.expm1(_log_residuals(kept, names, coefficients))
-    ranges = {n: (min(float(s.features.get(n, 0.0)) for s in kept), max(float(s.features.get(n, 0.0)) for s in kept))
-              for n in names}
+    in_sample = float(np.sqrt(np.mean(np.expm1(_log_residuals(design[kept], seconds[kept], coefficients)) ** 2)))
+    loo = _leave_one_out_error(design[kept], seconds[kept], columns)
+    rows = design[kept][:, 1:]
+    distinct = len({tuple(row) for row in rows})
+    ranges = {n: (float(rows[:, i].min()), float(rows[:, i].max())) for i, n in enumerate(names)}
+    centre, axes, span = _trust_region(rows)
+    all_names = (INTERCEPT, *names)
     return CostModel(feature_names=names, intercept=float(coefficients[0]),
                      coefficients=tuple(float(c) for c in coefficients[1:]), ranges=ranges,
                      n_samples=len(kept), n_rejected=len(samples) - len(kept),
-                     relative_error=float(np.sqrt(np.mean(relative**2))))
+                     relative_error=in_sample if loo is None else loo, in_sample_error=in_sample,
+                     rank=len(columns),
+                     undetermined=tuple(all_names[i] for i in range(len(all_names)) if i not in columns),
+                     calibrated=distinct >= len(names) + 1, centre=centre, axes=axes, span=span)

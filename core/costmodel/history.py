@@ -1,54 +1,75 @@
-"""This process's view of the timing history: samples, models, unpaid one-off costs.
+"""This process's view of the timing history: samples, models, one-off costs, calls.
 
 Models are refitted lazily: a new sample only invalidates the cached fit,
 and the next prediction refits (as StarPU's history-based models do).
 Timings of real solves are buffered and written to the wisdom file at most
 every few seconds and at exit, so a tight loop of small solves does not
 spend its time rewriting JSON.
+
+One-off costs are kept where they are paid:
+
+- a *backend's* start (process pool, CUDA context, cluster connection) once
+  per process, whichever solver pays it (``start_backend``);
+- an *implementation's* JIT compile once per process, or, for a variant
+  that compiles per shape (``SolverSpec.compile_key``), once per shape.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import statistics
 import threading
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any
 
-from core.costmodel import store as wisdom
+from core.backend import Backend
+from core.costmodel import store
+from core.costmodel.features import feature_names, model_features
 from core.costmodel.fit import CostModel, Sample, fit
-from core.solver import SolverSpec
+from core.solver import SolverSpec, backend_of
 
-HISTORY_LIMIT = 200  # solve samples kept per (solver, backend); calibration samples are kept apart
+HISTORY_LIMIT = 200  # solve samples kept per (solver, implementation); calibration samples are kept apart
 FLUSH_INTERVAL = 5.0
+ONE_OFF_KEEP = 9
+
+
+class IdentifiabilityWarning(UserWarning):
+    """A cost-model coefficient could not be determined from the samples and was dropped."""
+
 
 _lock = threading.RLock()
 _stored: dict[str, Any] | None = None
 _models: dict[tuple[str, str], tuple[tuple, CostModel]] = {}
-_paid: set[tuple[str, str]] = set()
+_paid: set[tuple[str, str, Hashable]] = set()
+_started: set[str] = set()
+_calls: dict[str, int] = {}
+_measured: dict[tuple[str, tuple], dict[str, float]] = {}
+_warned: set[tuple[str, str, tuple]] = set()
 _pending: list[tuple[str, str, str, dict[str, Any]]] = []
 _last_flush = 0.0
 _disabled = False
 
 
 def disable() -> None:
-    """Stop reading and writing the wisdom file in this process.
-
-    Pool workers call this: they run with one thread on a machine
-    fingerprinted for the parent, so their timings would describe another
-    configuration, and their fingerprint would call the parent's file stale.
-    """
+    """Stop reading and writing the wisdom file in this process."""
     global _disabled
     _disabled = True
+
+
+def _off() -> bool:
+    # pool workers run with one thread on a machine fingerprinted for the parent: their timings
+    # would describe another configuration, and their fingerprint would call the parent's file stale
+    return _disabled or os.environ.get("CROSSOVER_POOL_WORKER") == "1"
 
 
 def stored() -> dict[str, Any]:
     global _stored
     with _lock:
         if _stored is None:
-            _stored = {"solvers": {}} if _disabled else wisdom.load()
+            _stored = store.empty() if _off() else store.load()
         return _stored
 
 
@@ -59,26 +80,30 @@ def forget() -> None:
         _stored = None
         _models.clear()
         _paid.clear()
+        _started.clear()
+        _calls.clear()
+        _measured.clear()
+        _warned.clear()
         _pending.clear()
 
 
-def _backend_entry(spec: SolverSpec, backend: str) -> dict[str, Any] | None:
+def _entry(spec: SolverSpec, implementation: str) -> dict[str, Any] | None:
     entry = stored()["solvers"].get(spec.name)
     if entry is None or entry.get("version") != spec.version:
         return None
-    return entry["backends"].get(backend)
+    return entry["backends"].get(implementation)
 
 
-def samples(spec: SolverSpec, backend: str) -> list[Sample]:
+def samples(spec: SolverSpec, implementation: str) -> list[Sample]:
     """Calibration and solve samples, one per distinct feature vector (median of repeats).
 
     Collapsing repeats keeps a thousand solves at one size from outweighing
-    the rest of the ladder in the fit.
+    the rest of the design in the fit.
     """
-    entry = _backend_entry(spec, backend) or {}
+    entry = _entry(spec, implementation) or {}
+    names = set(feature_names(spec, implementation))
     groups: dict[tuple, list[float]] = {}
     features: dict[tuple, Mapping[str, float]] = {}
-    names = feature_names(spec)
     for record in entry.get("calibration", []) + entry.get("history", []):
         if set(record["features"]) != names:
             continue  # measured when the solver declared other features: not comparable
@@ -88,105 +113,192 @@ def samples(spec: SolverSpec, backend: str) -> list[Sample]:
     return [Sample(features[key], statistics.median(values)) for key, values in groups.items()]
 
 
-def feature_names(spec: SolverSpec) -> set[str]:
-    return set(spec.features(spec.default_problem()))
-
-
-def model(spec: SolverSpec, backend: str) -> CostModel | None:
+def model(spec: SolverSpec, implementation: str) -> CostModel | None:
     """The fitted model for the pair, or None if it was never calibrated here."""
-    entry = _backend_entry(spec, backend)
+    entry = _entry(spec, implementation)
     if not entry or not entry.get("calibration"):
-        return None
-    if not any(set(r["features"]) == feature_names(spec) for r in entry["calibration"]):
         return None
     history = entry.get("history", [])
     # identity of the newest record: the history is capped, so its length alone stops changing
-    signature = (len(entry["calibration"]), len(history), id(history[-1]) if history else 0)
+    signature = (len(entry["calibration"]), len(history), id(history[-1]) if history else 0, id(entry))
     with _lock:
-        cached = _models.get((spec.name, backend))
+        cached = _models.get((spec.name, implementation))
         if cached is None or cached[0] != signature:
-            cached = (signature, fit(samples(spec, backend)))
-            _models[(spec.name, backend)] = cached
+            found = samples(spec, implementation)
+            if not found:
+                return None
+            cached = (signature, fit(found, feature_names(spec, implementation)))
+            _models[(spec.name, implementation)] = cached
+            _report_undetermined(spec, implementation, cached[1])
         return cached[1]
 
 
-def one_off(spec: SolverSpec, backend: str) -> float:
-    """The measured one-off cost (JIT, pool start, CUDA context) if unpaid in this process, else 0."""
-    if (spec.name, backend) in _paid:
+def _report_undetermined(spec: SolverSpec, implementation: str, fitted: CostModel) -> None:
+    key = (spec.name, implementation, fitted.undetermined)
+    if fitted.undetermined and key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"cost model of {spec.name} on {implementation}: the samples cannot determine "
+                      f"{', '.join(repr(n) for n in fitted.undetermined)} (it moved only with other features); "
+                      "dropped from the fit, and predictions off the measured span are marked extrapolated",
+                      IdentifiabilityWarning, stacklevel=3)
+
+
+# -- one-off costs -------------------------------------------------------------------
+
+def _compile_key(spec: SolverSpec, implementation: str, problem: Any) -> Hashable:
+    return spec.compile_key(problem, implementation) if spec.compile_key is not None else ()
+
+
+def implementation_one_off(spec: SolverSpec, implementation: str, problem: Any) -> float:
+    """The implementation's stored one-off (JIT) if still unpaid here for this problem's shape, else 0."""
+    if (spec.name, implementation, _compile_key(spec, implementation, problem)) in _paid:
         return 0.0
-    entry = _backend_entry(spec, backend) or {}
-    return float(entry.get("one_off_seconds", 0.0))
+    return float((_entry(spec, implementation) or {}).get("one_off_seconds", 0.0))
 
 
-def is_paid(spec: SolverSpec, backend: str) -> bool:
-    return (spec.name, backend) in _paid
+def backend_one_off(backend: str) -> float:
+    """The backend's stored start cost if it has not started in this process, else 0."""
+    if backend in _started:
+        return 0.0
+    return float(stored().get("backends", {}).get(backend, {}).get("start_seconds", 0.0))
 
 
-def mark_paid(spec: SolverSpec, backend: str) -> None:
-    _paid.add((spec.name, backend))
+def one_off(spec: SolverSpec, implementation: str, problem: Any) -> float:
+    """Every one-off cost a run of ``implementation`` on ``problem`` would still pay in this process."""
+    return backend_one_off(backend_of(implementation)) + implementation_one_off(spec, implementation, problem)
 
 
-def record_calibration(spec: SolverSpec, backend: str, records: list[dict[str, Any]], one_off_seconds: float | None,
-                       details: Mapping[str, Any]) -> None:
-    """Replace the pair's calibration samples (and one-off cost, when measured) on disk now."""
-    global _stored
-    if _disabled:
-        return
+def is_paid(spec: SolverSpec, implementation: str, problem: Any) -> bool:
+    return (spec.name, implementation, _compile_key(spec, implementation, problem)) in _paid
 
+
+def mark_paid(spec: SolverSpec, implementation: str, problem: Any) -> None:
+    _paid.add((spec.name, implementation, _compile_key(spec, implementation, problem)))
+
+
+def is_started(backend: str) -> bool:
+    return backend in _started
+
+
+def start_backend(backend: Backend) -> float | None:
+    """Pay the backend's one-off start in this process (once) and record what it took.
+
+    Returns the seconds it took, or None where it had already started or
+    has nothing to start.
+    """
+    with _lock:
+        if backend.name in _started:
+            return None
+        _started.add(backend.name)
+    if backend.start is None:
+        return None
+    began = time.perf_counter()
+    backend.start()
+    seconds = time.perf_counter() - began
+    record_start(backend.name, seconds)
+    return seconds
+
+
+def record_start(backend: str, seconds: float) -> None:
+    """Add an observed start cost of a backend (the stored one is the median of the last few)."""
     def change(data: dict[str, Any]) -> None:
-        entry = wisdom.solver_entry(data, spec.name, spec.version)
-        slot = entry["backends"].setdefault(backend, {})
+        _add_observation(data.setdefault("backends", {}).setdefault(backend, {}), "start", seconds)
+
+    if _off():
+        change(stored())
+        return
+    _update(change)
+
+
+def _add_observation(slot: dict[str, Any], what: str, seconds: float) -> None:
+    """Keep the last few observations; the stored cost is their median (one cold cache does not set it)."""
+    observations = slot.setdefault(f"{what}_observations", [])
+    observations.append(float(seconds))
+    del observations[:-ONE_OFF_KEEP]
+    slot[f"{what}_seconds"] = statistics.median(observations)
+
+
+# -- calls made in this process ------------------------------------------------------
+
+def count_call(spec: SolverSpec) -> int:
+    """Count one more solve of ``spec`` in this process; returns how many there have been."""
+    with _lock:
+        _calls[spec.name] = _calls.get(spec.name, 0) + 1
+        return _calls[spec.name]
+
+
+def calls(spec: SolverSpec) -> int:
+    return _calls.get(spec.name, 0)
+
+
+def remember(spec: SolverSpec, features: Mapping[str, float], seconds: Mapping[str, float]) -> None:
+    """Keep what measuring the close candidates on one problem found (``plan`` reuses it)."""
+    key = (spec.name, tuple(sorted(features.items())))
+    _measured.setdefault(key, {}).update(seconds)
+
+
+def remembered(spec: SolverSpec, features: Mapping[str, float]) -> dict[str, float]:
+    return _measured.get((spec.name, tuple(sorted(features.items()))), {})
+
+
+# -- writing -------------------------------------------------------------------------
+
+def _update(change) -> None:
+    global _stored
+    if _off():
+        return
+    with _lock:
+        try:
+            _stored = store.update(change)
+        except OSError as exc:  # a read-only cache must not break a solve
+            warnings.warn(f"could not write the wisdom file: {exc}", store.WisdomWarning, stacklevel=3)
+
+
+def record_calibration(spec: SolverSpec, implementation: str, records: list[dict[str, Any]],
+                       one_off_seconds: float | None, details: Mapping[str, Any]) -> None:
+    """Replace the pair's calibration samples (and one-off cost, when measured) on disk now."""
+    def change(data: dict[str, Any]) -> None:
+        entry = store.solver_entry(data, spec.name, spec.version)
+        slot = entry["backends"].setdefault(implementation, {})
         slot["calibration"] = records
         slot["calibrated_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         slot["details"] = dict(details)
         slot.setdefault("history", [])
         if one_off_seconds is not None:
-            _add_one_off(slot, one_off_seconds)
+            _add_observation(slot, "one_off", one_off_seconds)
         # never measured (the pair had already run in the calibrating process): unknown, charged as 0
         slot.setdefault("one_off_seconds", 0.0)
 
     with _lock:
         flush()
-        _stored = wisdom.update(change)
+        if _off():  # a worker or a disabled store still keeps the models for this process
+            change(stored())
+            return
+        _update(change)
 
 
-ONE_OFF_KEEP = 9
-
-
-def _add_one_off(slot: dict[str, Any], seconds: float) -> None:
-    observations = slot.setdefault("one_off_observations", [])
-    observations.append(float(seconds))
-    del observations[:-ONE_OFF_KEEP]
-    slot["one_off_seconds"] = statistics.median(observations)
-
-
-def record_one_off(spec: SolverSpec, backend: str, seconds: float) -> None:
-    """Add an observed one-off cost (a first call's excess over the model) for a calibrated pair.
-
-    The stored one-off is the median of the last few observations, so one
-    cold disk cache or one warm page cache does not set it for good.
-    """
-    global _stored
-    if _disabled:
-        return
-
+def record_one_off(spec: SolverSpec, implementation: str, seconds: float) -> None:
+    """Add an observed one-off cost (a first call's excess over the model) for a calibrated pair."""
     def change(data: dict[str, Any]) -> None:
         entry = data["solvers"].get(spec.name)
-        if entry is not None and entry.get("version") == spec.version and backend in entry["backends"]:
-            _add_one_off(entry["backends"][backend], seconds)
+        if entry is not None and entry.get("version") == spec.version and implementation in entry["backends"]:
+            _add_observation(entry["backends"][implementation], "one_off", seconds)
 
-    with _lock:
-        try:
-            _stored = wisdom.update(change)
-        except OSError as exc:
-            warnings.warn(f"could not write the wisdom file: {exc}", wisdom.WisdomWarning, stacklevel=2)
+    _update(change)
 
 
-def record_solve(spec: SolverSpec, backend: str, record: dict[str, Any]) -> None:
+def sample_record(spec: SolverSpec, implementation: str, problem: Any, seconds: float,
+                  source: str) -> dict[str, Any]:
+    return {"features": model_features(spec, problem, implementation),
+            "size": float(getattr(problem, spec.size_axis)), "seconds": float(seconds), "source": source,
+            "at": time.time()}
+
+
+def record_solve(spec: SolverSpec, implementation: str, record: dict[str, Any]) -> None:
     """Add a real solve's timing; the model refits on its next use."""
     with _lock:
-        _pending.append((spec.name, spec.version, backend, record))
-        entry = _backend_entry(spec, backend)
+        _pending.append((spec.name, spec.version, implementation, record))
+        entry = _entry(spec, implementation)
         if entry is not None:  # visible to this process's models at once
             entry.setdefault("history", []).append(record)
             del entry["history"][:-HISTORY_LIMIT]
@@ -196,28 +308,25 @@ def record_solve(spec: SolverSpec, backend: str, record: dict[str, Any]) -> None
 
 def flush() -> None:
     """Write buffered solve timings to the wisdom file."""
-    global _stored, _last_flush
+    global _last_flush
     with _lock:
         _last_flush = time.monotonic()
-        if not _pending or _disabled:
+        if not _pending or _off():
             _pending.clear()
             return
         batch = list(_pending)
         _pending.clear()
 
         def change(data: dict[str, Any]) -> None:
-            for name, version, backend, record in batch:
+            for name, version, implementation, record in batch:
                 entry = data["solvers"].get(name)
-                if entry is None or entry.get("version") != version or backend not in entry["backends"]:
+                if entry is None or entry.get("version") != version or implementation not in entry["backends"]:
                     continue  # only calibrated pairs keep a history
-                history = entry["backends"][backend].setdefault("history", [])
+                history = entry["backends"][implementation].setdefault("history", [])
                 history.append(record)
                 del history[:-HISTORY_LIMIT]
 
-        try:
-            _stored = wisdom.update(change)
-        except OSError as exc:  # a read-only cache must not break a solve
-            warnings.warn(f"could not write the wisdom file: {exc}", wisdom.WisdomWarning, stacklevel=2)
+        _update(change)
 
 
 atexit.register(flush)

@@ -1,112 +1,214 @@
-"""Auto-selection: predict every backend, rule some out, pick one, explain why.
+"""Auto-selection: predict every implementation, rule some out, pick one, explain why.
 
 The decision, in the spirit of scipy's ``choose_conv_method``::
 
-    cost(b) = predicted_seconds(b) + unpaid_one_off(b) / expected_calls
-    candidates = available backends whose memory estimate fits and that have a model
-    best = min(cost(b) for b in candidates)
-    chosen = simplest b with cost(b) <= best * (1 + margin)
+    cost(i)   = predicted_seconds(i) + unpaid_one_off(i) / expected_calls
+    error(i)  = the model's leave-one-out relative error (at least 2 %; 50 % when extrapolated)
+    best      = min(cost(i) for i in candidates)
+    margin(i) = clip(hypot(error(best), error(i)), 2 %, 10 %)
+    chosen    = simplest i with cost(i) <= cost(best) * (1 + margin(i))
 
-The margin exists because a 3 % predicted gain is inside the noise, while the
-simpler backend (fewer processes, no device) has fewer ways to go wrong.
+Candidates are the implementations whose backend is available, that support
+the problem, whose memory estimate fits and that have a model. The margin
+exists because a gain inside the models' own error is noise, while the
+simpler backend (fewer processes, no device) has fewer ways to go wrong; it
+follows the measured error but is capped, so that the simpler choice never
+costs more than 10 % by the models' own account.
+
+**When in doubt, measure.** The plan is *not confident* when a runner-up's
+cost is within twice the combined error of the best (their error bands
+overlap), or when the chosen prediction is extrapolated or uncalibrated. A
+problem that will run again (``expected_calls >= 2``) is then timed once on
+each close candidate whose one-off is already paid, as FFTW's MEASURE
+does; ``core.solve`` keeps the fastest answer, remembers the times for this
+problem and adds them to the history.
+
+**Expected calls learn from the process.** Left unset, ``expected_calls``
+is the number of times this process has already solved this solver (at
+least 1): a one-off cost (JIT, pool start) is charged to a single call, and
+is paid once the calls made so far would have paid for it, as a JIT tiers
+a function up once it has been called often enough. A caller who knows
+better passes ``expected_calls``; the larger of the two counts.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from core.costmodel import history as timings
-from core.api import find_solver
-from core.backend import safe_probe
+from core.costmodel import history
+from core.costmodel.calibrate import ensure_calibrated
+from core.costmodel.features import model_features
 from core.costmodel.fit import CostModel
 from core.errors import AutoSelectionError, CrossoverError
 from core.registry import get_registry, get_solver
 from core.result import Plan, Prediction
-from core.solver import SolverSpec
+from core.running import find_solver, implementations, probe
+from core.solver import SolverSpec, backend_of
 
-DEFAULT_MARGIN = 0.05
+MIN_ERROR, EXTRAPOLATED_ERROR = 0.02, 0.5
+MIN_MARGIN, MAX_MARGIN = 0.02, 0.10
+OVERLAP = 2.0  # error bands: this many relative errors either side
+MEASURE_AT_MOST = 3
 
 
-def choose(costs: Mapping[str, float], simplicity: Mapping[str, int], margin: float = DEFAULT_MARGIN) -> str:
-    """The simplest backend whose cost is within ``margin`` of the cheapest."""
+def choose(costs: Mapping[str, float], simplicity: Mapping[str, int], margin: float | Mapping[str, float] = 0.05) -> str:
+    """The simplest implementation whose cost is within its margin of the cheapest."""
     if not costs:
         raise AutoSelectionError("no backend to choose from")
     best = min(costs.values())
-    near = [name for name, cost in costs.items() if cost <= best * (1 + margin)]
+    margins = margin if isinstance(margin, Mapping) else dict.fromkeys(costs, margin)
+    near = [name for name, cost in costs.items() if cost <= best * (1 + margins[name])]
     return min(near, key=lambda name: (simplicity.get(name, 50), costs[name]))
+
+
+def effective_calls(spec: SolverSpec, expected_calls: float | None) -> float:
+    """The calls one-off costs are spread over: the caller's count, or the calls made so far."""
+    if expected_calls is not None and not expected_calls > 0:  # also refuses NaN; inf ignores one-offs
+        raise AutoSelectionError(f"expected_calls={expected_calls!r} is invalid: must be > 0")
+    return max(float(expected_calls or 1.0), float(history.calls(spec)))
 
 
 def _gib(nbytes: float) -> str:
     return f"{nbytes / 2**30:.2f} GiB"
 
 
-def plan(problem: Any, *, solver: str | None = None, expected_calls: float = 1, margin: float = DEFAULT_MARGIN,
-         calibrate: bool = False) -> Plan:
-    """Decide which backend runs ``problem`` and show the working.
+def exclusion(spec: SolverSpec, problem: Any, implementation: str) -> str:
+    """Why ``implementation`` cannot run ``problem`` here, or "" (availability, support, memory)."""
+    backend = get_registry().backends.get(backend_of(implementation))
+    if backend is None:
+        return "backend not registered (is its plugin installed?)"
+    status = probe(backend)
+    if not status.available:
+        return f"unavailable: {status.reason}"
+    unsupported = spec.supports(problem, implementation)
+    if unsupported:
+        return f"unsupported: {unsupported}"
+    need, free = float(spec.memory(problem, implementation)), backend.free_memory()
+    if free is not None and need > free:
+        return f"not enough memory: needs {_gib(need)}, {_gib(free)} free"
+    return ""
+
+
+@dataclass
+class _Candidate:
+    prediction: Prediction
+    cost: float
+    error: float
+    simplicity: int
+
+
+def _predict(spec: SolverSpec, problem: Any, key: str, base: Mapping[str, float], measured: Mapping[str, float],
+             one_off: float) -> tuple[Prediction, CostModel | None]:
+    fitted = history.model(spec, key)
+    if key in measured:
+        return Prediction(measured[key], "measured", one_off, MIN_ERROR), fitted
+    if fitted is None:
+        return Prediction(None, "uncalibrated", one_off), None
+    seconds, extrapolated = fitted.predict(model_features(spec, problem, key, base))
+    status = "extrapolated" if extrapolated else fitted.status
+    error = max(MIN_ERROR, fitted.relative_error)
+    if status != "calibrated":
+        error = max(error, EXTRAPOLATED_ERROR)
+    return Prediction(max(seconds, 0.0), status, one_off, error), fitted
+
+
+def plan(problem: Any, *, solver: str | None = None, expected_calls: float | None = None,
+         margin: float | None = None, calibrate: bool = False, explain: bool = True,
+         only: Sequence[str] | None = None) -> Plan:
+    """Decide which implementation runs ``problem`` and show the working.
 
     With ``calibrate=True`` a solver never calibrated on this machine is
     calibrated once (quick mode) first; without it, such a plan raises.
+    ``explain`` adds the break-even sizes (a few ms: left out when solving).
+    ``only`` restricts the choice to these implementation keys (a named
+    backend with several variants). ``margin`` fixes the margin instead of
+    deriving it from the models' errors.
     """
-    from core.costmodel.calibrate import ensure_calibrated
-
     spec = get_solver(solver) if solver is not None else find_solver(problem)
     if calibrate:
         ensure_calibrated(spec)
-    if not expected_calls > 0:  # also refuses NaN; inf means one-off costs are ignored
-        raise AutoSelectionError(f"expected_calls={expected_calls!r} is invalid: must be > 0")
-    registry = get_registry()
-    features = spec.features(problem)
+    calls = effective_calls(spec, expected_calls)
+    base = spec.features(problem)
+    measured = history.remembered(spec, base)
+    backends = get_registry().backends
     predictions: dict[str, Prediction] = {}
     excluded: dict[str, str] = {}
-    costs: dict[str, float] = {}
+    candidates: dict[str, _Candidate] = {}
     models: dict[str, CostModel] = {}
-    for name in spec.backends:
-        backend = registry.backends.get(name)
-        if backend is None:
-            excluded[name] = "backend not registered (is its plugin installed?)"
+    for key in implementations(spec):
+        if only is not None and key not in only:
             continue
-        status = safe_probe(backend)
-        model = timings.model(spec, name)
-        one_off = timings.one_off(spec, name)
-        if model is None:
-            predictions[name] = Prediction(None, "uncalibrated", one_off)
-        else:
-            seconds, extrapolated = model.predict(features)
-            predictions[name] = Prediction(seconds, "extrapolated" if extrapolated else "calibrated", one_off)
-            models[name] = model
-        if not status.available:
-            excluded[name] = f"unavailable: {status.reason}"
+        one_off = history.one_off(spec, key, problem)
+        prediction, fitted = _predict(spec, problem, key, base, measured, one_off)
+        predictions[key] = prediction
+        if fitted is not None:
+            models[key] = fitted
+        why = exclusion(spec, problem, key)
+        if not why and prediction.seconds is None:
+            why = "uncalibrated on this machine (run `crossover calibrate`)"
+        if why:
+            excluded[key] = why
             continue
-        need, free = float(spec.memory(problem, name)), backend.free_memory()
-        if free is not None and need > free:
-            excluded[name] = f"not enough memory: needs {_gib(need)}, {_gib(free)} free"
-            continue
-        if model is None:
-            excluded[name] = "uncalibrated on this machine (run `crossover calibrate`)"
-            continue
-        costs[name] = predictions[name].seconds + one_off / expected_calls
-    if not costs:
+        candidates[key] = _Candidate(prediction, prediction.seconds + one_off / calls, prediction.error,
+                                     backends[backend_of(key)].simplicity)
+    if not candidates:
         reasons = "; ".join(f"{b}: {why}" for b, why in excluded.items()) or "no backends"
         raise AutoSelectionError(f"no backend can run {spec.name} here ({reasons})")
-    simplicity = {name: registry.backends[name].simplicity for name in costs}
-    chosen = choose(costs, simplicity, margin)
-    fastest = min(costs, key=costs.get)
-    reason = f"lowest predicted time {costs[chosen]:.3g} s"
-    if chosen != fastest:
-        reason = (f"within {margin:.0%} of the fastest ({fastest}, {costs[fastest]:.3g} s) and simpler: "
-                  f"{costs[chosen]:.3g} s")
-    if predictions[chosen].one_off_seconds:
-        reason += f", including an unpaid one-off of {predictions[chosen].one_off_seconds:.3g} s"
-    runnable = {b: m for b, m in models.items() if not excluded.get(b, "").startswith("unavailable")}
-    free = {b: registry.backends[b].free_memory() for b in runnable}
+    chosen, reason, confident, to_measure = _decide(candidates, calls, margin)
+    thresholds = ()
+    if explain:
+        runnable = {k: m for k, m in models.items() if not excluded.get(k, "").startswith(("unavailable", "unsupp"))}
+        free = {k: backends[backend_of(k)].free_memory() for k in runnable}
+        thresholds = tuple(break_even(spec, problem, runnable, free))
     return Plan(solver=spec.name, backend=chosen, reason=reason, predictions=predictions, excluded=excluded,
-                break_even=tuple(break_even(spec, problem, runnable, free)))
+                break_even=thresholds, measure=to_measure, expected_calls=calls, confident=confident)
 
+
+def _margins(candidates: Mapping[str, _Candidate], best: str, margin: float | None) -> dict[str, float]:
+    if margin is not None:
+        return dict.fromkeys(candidates, margin)
+    top = candidates[best].error
+    return {k: min(MAX_MARGIN, max(MIN_MARGIN, math.hypot(top, c.error))) for k, c in candidates.items()}
+
+
+def _decide(candidates: Mapping[str, _Candidate], calls: float,
+            margin: float | None) -> tuple[str, str, bool, tuple[str, ...]]:
+    costs = {k: c.cost for k, c in candidates.items()}
+    best = min(costs, key=costs.get)
+    margins = _margins(candidates, best, margin)
+    chosen = choose(costs, {k: c.simplicity for k, c in candidates.items()}, margins)
+    reason = f"lowest predicted time {costs[chosen]:.3g} s"
+    if chosen != best:
+        reason = (f"within {margins[chosen]:.0%} of the fastest ({best}, {costs[best]:.3g} s) and simpler: "
+                  f"{costs[chosen]:.3g} s")
+    one_off = candidates[chosen].prediction.one_off_seconds
+    if one_off:
+        reason += f", including an unpaid one-off of {one_off:.3g} s spread over {calls:g} call(s)"
+    top = candidates[best]
+    close = sorted((k for k, c in candidates.items()
+                    if c.cost <= top.cost * (1 + OVERLAP * math.hypot(top.error, c.error))), key=costs.get)
+    doubtful = candidates[chosen].prediction.status in ("extrapolated", "uncalibrated")
+    unmeasured = [k for k in close if candidates[k].prediction.status != "measured"]
+    confident = not unmeasured or (len(close) == 1 and not doubtful)
+    to_measure: tuple[str, ...] = ()
+    if not confident:
+        why = "an extrapolated prediction" if doubtful else f"{', '.join(close)} overlap within their errors"
+        ready = [k for k in close if candidates[k].prediction.one_off_seconds == 0.0]
+        if calls >= 2 and len(ready) >= 2:
+            to_measure = tuple(ready[:MEASURE_AT_MOST])
+            reason += f"; not confident ({why}): measuring {', '.join(to_measure)} once on this problem"
+        else:
+            reason += f"; not confident ({why})"
+    return chosen, reason, confident, to_measure
+
+
+# -- break-even along the size axis ---------------------------------------------------
 
 def with_size(spec: SolverSpec, problem: Any, size: float) -> Any | None:
     """``problem`` with its primary size replaced (None if the size is not allowed)."""
@@ -114,7 +216,7 @@ def with_size(spec: SolverSpec, problem: Any, size: float) -> Any | None:
     value = round(float(size)) if isinstance(current, (int, np.integer)) else float(size)
     try:
         return dataclasses.replace(problem, **{spec.size_axis: value})
-    except (CrossoverError, ValueError, TypeError):
+    except (CrossoverError, ValueError, TypeError, OverflowError):
         pass
     # arrays sized by the old grid (a preset's V, m0 ...) no longer fit: rebuild without them,
     # so the problem type derives them again at the new size
@@ -122,22 +224,27 @@ def with_size(spec: SolverSpec, problem: Any, size: float) -> Any | None:
                if f.init and not isinstance(getattr(problem, f.name), np.ndarray)}
     try:
         return type(problem)(**{**scalars, spec.size_axis: value})
-    except (CrossoverError, ValueError, TypeError):
+    except (CrossoverError, ValueError, TypeError, OverflowError):
         return None
 
 
 def size_grid(spec: SolverSpec, points: int = 80) -> np.ndarray:
-    """Sizes from half the ladder's smallest to eight times its largest, log-spaced."""
-    sizes = [float(getattr(p, spec.size_axis)) for p in spec.ladder(True) + spec.ladder(False)]
-    return np.geomspace(max(min(sizes) / 2, 1e-12), max(sizes) * 8, points)
+    """Sizes from half the calibrated range's bottom to eight times its top, log-spaced."""
+    if spec.space is not None and spec.size_axis in spec.space(True).ranges:
+        low = min(spec.space(True).ranges[spec.size_axis][0], spec.space(False).ranges[spec.size_axis][0])
+        high = max(spec.space(True).ranges[spec.size_axis][1], spec.space(False).ranges[spec.size_axis][1])
+    else:
+        sizes = [float(getattr(p, spec.size_axis)) for p in spec.ladder(True) + spec.ladder(False)]
+        low, high = min(sizes), max(sizes)
+    return np.geomspace(max(low / 2, 1e-12), high * 8, points)
 
 
 def curves(spec: SolverSpec, problem: Any, models: Mapping[str, CostModel], grid: np.ndarray | None = None,
            free_memory: Mapping[str, float | None] | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Predicted steady-state seconds of each backend along the primary size axis.
+    """Predicted steady-state seconds of each implementation along the primary size axis.
 
     Where ``free_memory`` is given, sizes whose memory estimate does not fit
-    a backend are NaN for it: that backend cannot run there.
+    an implementation are NaN for it: it cannot run there.
     """
     grid = size_grid(spec) if grid is None else grid
     free_memory = free_memory or {}
@@ -146,12 +253,14 @@ def curves(spec: SolverSpec, problem: Any, models: Mapping[str, CostModel], grid
         resized = with_size(spec, problem, size)
         if resized is None:
             continue
-        features = spec.features(resized)
-        for name, model in models.items():
+        base = spec.features(resized)
+        for name, fitted in models.items():
             free = free_memory.get(name)
             if free is not None and float(spec.memory(resized, name)) > free:
                 continue
-            rows[name][i] = model.predict(features)[0]
+            if spec.supports(resized, name):
+                continue
+            rows[name][i] = fitted.predict(model_features(spec, resized, name, base))[0]
     return grid, rows
 
 
@@ -162,7 +271,7 @@ def _fastest(values: dict[str, float]) -> str | None:
 
 def break_even(spec: SolverSpec, problem: Any, models: Mapping[str, CostModel],
                free_memory: Mapping[str, float | None] | None = None) -> list[dict[str, Any]]:
-    """Sizes along the primary axis where the fastest backend changes.
+    """Sizes along the primary axis where the fastest implementation changes.
 
     Memory limits are applied at each size, so a GPU that cannot hold this
     problem still shows where it wins on smaller ones. The size is refined by

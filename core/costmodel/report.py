@@ -13,32 +13,31 @@ from typing import Any
 
 import numpy as np
 
-from core.costmodel import history as timings, store as wisdom
-from core.costmodel import EXTRAPOLATION_FACTOR
+from core.costmodel import history, store
+from core.costmodel.fit import EXTRAPOLATION_FACTOR
 from core.costmodel.plan import break_even, curves
-from core.registry import get_solver
-from core.solver import SolverSpec
+from core.registry import get_registry, get_solver
+from core.running import implementations
+from core.solver import SolverSpec, backend_of
 
 
 def _calibrated(spec: SolverSpec) -> dict[str, Any]:
-    return {b: m for b in spec.backends if (m := timings.model(spec, b)) is not None}
+    return {b: m for b in implementations(spec) if (m := history.model(spec, b)) is not None}
 
 
 def _measured(spec: SolverSpec, backend: str) -> tuple[list[float], list[float]]:
-    entry = timings.stored()["solvers"].get(spec.name, {}).get("backends", {}).get(backend, {})
+    entry = history.stored()["solvers"].get(spec.name, {}).get("backends", {}).get(backend, {})
     records = [r for r in entry.get("calibration", []) + entry.get("history", []) if "size" in r]
     return [r["size"] for r in records], [r["seconds"] for r in records]
 
 
 def _free_memory(models: dict[str, Any]) -> dict[str, float | None]:
-    from core.registry import get_registry
-
     backends = get_registry().backends
-    return {name: backends[name].free_memory() for name in models if name in backends}
+    return {name: backends[backend_of(name)].free_memory() for name in models if backend_of(name) in backends}
 
 
 def machine_line() -> str:
-    print_ = wisdom.fingerprint()
+    print_ = store.fingerprint()
     gpus = ", ".join(print_["gpus"]) or "no GPU"
     return f"{print_['cpu']}, {print_['cores']} cores, {gpus}"
 
@@ -89,12 +88,12 @@ def markdown(spec: SolverSpec, thresholds: list[dict[str, Any]]) -> str:
         lines += [f"| {t['below']} | {t['above']} | {t['size']:.4g} |" for t in thresholds]
     else:
         lines.append("One backend is fastest over the whole range (or fewer than two are calibrated).")
-    lines += ["", "| backend | intercept s | coefficients (s per unit) | samples | outliers | rms rel. error |",
-              "| --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "| implementation | intercept s | coefficients (s per unit) | samples | outliers | rank | "
+              "undetermined | leave-one-out rel. error |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, model in _calibrated(spec).items():
         terms = ", ".join(f"{f}: {c:.3g}" for f, c in zip(model.feature_names, model.coefficients))
         lines.append(f"| {name} | {model.intercept:.3g} | {terms} | {model.n_samples} | {model.n_rejected} | "
-                     f"{model.relative_error:.1%} |")
+                     f"{model.rank} | {', '.join(model.undetermined) or '-'} | {model.relative_error:.1%} |")
     return "\n".join(lines) + "\n"
 
 

@@ -29,7 +29,12 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-FORMAT = 1
+import platformdirs
+
+from core.backends.process_pool import default_workers
+from core.backends.torch_gpu import gpu_names
+
+FORMAT = 2  # 2: implementation keys (backend:variant) and backend start costs
 FILENAME = "wisdom.json"
 
 
@@ -41,8 +46,6 @@ def cache_dir() -> Path:
     configured = os.environ.get("CROSSOVER_CACHE_DIR")
     if configured:
         return Path(configured).expanduser()
-    import platformdirs
-
     return Path(platformdirs.user_cache_dir("crossover"))
 
 
@@ -61,12 +64,6 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _gpu_names() -> list[str]:
-    from core.backends.torch_gpu import gpu_names
-
-    return gpu_names()
-
-
 def _version(dist: str) -> str:
     try:
         return version(dist)
@@ -81,19 +78,13 @@ def fingerprint() -> dict[str, Any]:
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),
         "machine": platform.machine(),
-        "gpus": _gpu_names(),
+        "gpus": gpu_names(),
         "python": platform.python_version(),
         "versions": {dist: _version(dist) for dist in ("crossover", "numpy", "numba", "torch")},
         # timings of the parallel backends depend on these as much as on the CPU
-        "process_workers": _process_workers(),
+        "process_workers": default_workers(),
         "numba_threads": os.environ.get("NUMBA_NUM_THREADS", "default"),
     }
-
-
-def _process_workers() -> int:
-    from core.backends.process_pool import default_workers
-
-    return default_workers()
 
 
 def fingerprint_key(print_: dict[str, Any]) -> str:
@@ -102,7 +93,7 @@ def fingerprint_key(print_: dict[str, Any]) -> str:
 
 def empty() -> dict[str, Any]:
     current = fingerprint()
-    return {"format": FORMAT, "key": fingerprint_key(current), "fingerprint": current, "solvers": {}}
+    return {"format": FORMAT, "key": fingerprint_key(current), "fingerprint": current, "solvers": {}, "backends": {}}
 
 
 def _set_aside(path: Path, why: str) -> None:
