@@ -84,12 +84,13 @@ def _run(spec: SolverSpec, implementation: str, problem: Any) -> tuple[dict, flo
     """Run once, paying the backend's start first; learn from the timing. Returns (outputs, seconds, first)."""
     history.start_backend(get_registry().backends[backend_of(implementation)])
     was_paid = history.is_paid(spec, implementation, problem)
+    owed = history.implementation_one_off(spec, implementation, problem)
     outputs, seconds = run_once(spec, implementation, problem)
     history.mark_paid(spec, implementation, problem)
-    if was_paid:  # a first call includes the one-off cost and would bias the steady-state model
+    if was_paid or owed == 0.0:  # a first call that owes a one-off would bias the steady-state model
         history.record_solve(spec, implementation,
                              history.sample_record(spec, implementation, problem, seconds, "solve"))
-    elif (fitted := history.model(spec, implementation)) is not None:
+    if not was_paid and (fitted := history.model(spec, implementation)) is not None:
         # a first call's excess over the steady-state model is this process's one-off cost,
         # when the model can be trusted here (an extrapolation would blame its own error)
         predicted, extrapolated = fitted.predict(model_features(spec, problem, implementation))

@@ -1,0 +1,265 @@
+"""Selection that holds off the ladder, tested with synthetic backends and solvers of known cost.
+
+Each test pins one rule of docs/costmodel.md: identifiability, the trust
+region, the error-driven margin, measuring when unsure, one-off costs paid
+where they belong, and expected calls learnt from the process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import core
+from core.costmodel import history
+from core.costmodel.fit import Sample, fit
+from core.costmodel.history import IdentifiabilityWarning, sample_record
+from core.running import forget_probes
+from core.validation import check_int
+
+
+@dataclasses.dataclass(frozen=True)
+class GridProblem:
+    n: int = 1000
+    m: int = 10
+
+    def __post_init__(self):
+        object.__setattr__(self, "n", check_int("n", self.n, minimum=1))
+        object.__setattr__(self, "m", check_int("m", self.m, minimum=1))
+
+
+def _echo(problem):
+    return {"n": np.array(problem.n)}
+
+
+def _sleeper(seconds_per_call):
+    def run(problem):
+        time.sleep(seconds_per_call)
+        return {"n": np.array(problem.n)}
+
+    return run
+
+
+STARTS = {"pool": 0}
+
+
+def _start_pool():
+    STARTS["pool"] += 1
+
+
+BACKENDS = {"serial": 0, "pool": 30, "device": 40}
+
+
+def _spec(name, implementations, features=lambda p: {"n": float(p.n), "m": float(p.m)}, **more):
+    return core.SolverSpec(name=name, problem_type=GridProblem, implementations=implementations,
+                           features=features, size_axis="n",
+                           space=lambda quick: core.SizeSpace(ranges={"n": (10, 1e6), "m": (1, 100)}),
+                           memory=lambda p, key: 8.0 * p.n, default_problem=GridProblem, **more)
+
+
+class Plugin:
+    def __init__(self, specs):
+        self.specs = specs
+
+    @core.hookimpl
+    def crossover_backends(self):
+        return [core.Backend(name=name, summary="synthetic", probe=lambda: core.Availability(True),
+                             simplicity=simplicity, start=_start_pool if name == "pool" else None)
+                for name, simplicity in BACKENDS.items()]
+
+    @core.hookimpl
+    def crossover_solvers(self):
+        return self.specs
+
+
+def _install(*specs):
+    core.register(Plugin(list(specs)), name="synthetic")
+    forget_probes()
+    return [core.solvers()[spec.name] for spec in specs]
+
+
+def _calibrate(spec, key, cost, problems, one_off=0.0):
+    records = [sample_record(spec, key, p, cost(p), "calibration") for p in problems]
+    history.record_calibration(spec, key, records, one_off, {})
+
+
+GRID = [GridProblem(n, m) for n in (10, 1_000, 100_000) for m in (1, 10, 100)]
+
+
+@pytest.fixture
+def clean(fresh_registry, empty_cache):
+    STARTS["pool"] = 0
+    yield
+
+
+# -- identifiability -------------------------------------------------------------------
+
+def test_a_rank_deficient_design_is_reported_and_handled(clean):
+    (spec,) = _install(_spec("synthetic.flat", {"serial": _echo}))
+    ladder = [GridProblem(n, 10) for n in (10, 100, 1_000, 10_000)]  # m never moves
+    _calibrate(spec, "serial", lambda p: 1e-3 + 1e-6 * p.n + 1e-4 * p.m, ladder)
+    with pytest.warns(IdentifiabilityWarning, match=r"synthetic.flat on serial: the samples cannot determine 'm'"):
+        model = history.model(spec, "serial")
+    assert model.undetermined == ("m",) and model.rank == 2
+    # m's share went to the intercept: right where m is 10, and flagged where m moved
+    assert model.predict({"n": 5_000.0, "m": 10.0}) == (pytest.approx(1e-3 + 5e-3 + 1e-3), False)
+    assert model.predict({"n": 5_000.0, "m": 100.0})[1] is True
+
+
+def test_a_one_sample_fit_is_never_calibrated(clean):
+    model = fit([Sample({"n": 100.0, "m": 10.0}, 0.01)])
+    assert not model.calibrated and model.status == "uncalibrated"
+    (spec,) = _install(_spec("synthetic.single", {"serial": _echo, "pool": _echo}))
+    _calibrate(spec, "serial", lambda p: 1e-3, [GridProblem(100, 10)])
+    _calibrate(spec, "pool", lambda p: 2e-3 + 1e-9 * p.n, GRID)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IdentifiabilityWarning)
+        plan = core.plan(GridProblem(100, 10), expected_calls=math.inf)
+    assert plan.predictions["serial"].status == "uncalibrated"
+    assert plan.predictions["pool"].status == "calibrated"
+
+
+def test_a_prediction_off_the_span_of_the_samples_is_extrapolated():
+    # n and m always moved together: every feature alone is inside its range ...
+    samples = [Sample({"n": float(k), "m": float(k)}, 1e-3 + 1e-6 * k) for k in (10, 100, 1_000, 10_000)]
+    model = fit(samples)
+    assert model.predict({"n": 500.0, "m": 500.0})[1] is False
+    # ... but a point where one is large and the other small was never near a sample
+    assert model.predict({"n": 10_000.0, "m": 10.0})[1] is True
+
+
+# -- the margin follows the measured error ---------------------------------------------
+
+def test_the_margin_grows_with_the_models_error(clean):
+    serial_spec, = _install(_spec("synthetic.margin", {"serial": _echo, "pool": _echo}))
+    rng = np.random.default_rng(7)
+    problem = GridProblem(50_000, 10)
+    # pool is truly 6 % faster at this problem
+    serial_cost = lambda p: 1e-3 + 1e-7 * p.n  # noqa: E731
+    pool_cost = lambda p: 1e-3 + 0.94e-7 * p.n - 0.06e-3  # noqa: E731
+
+    def decide(noise):
+        history.forget()
+        jitter = {p: float(np.exp(rng.normal(0, noise))) for p in GRID}
+        _calibrate(serial_spec, "serial", lambda p: serial_cost(p) * jitter[p], GRID)
+        _calibrate(serial_spec, "pool", lambda p: pool_cost(p) / jitter[p], GRID)
+        return core.plan(problem, expected_calls=math.inf, explain=False)
+
+    exact, noisy = decide(0.0), decide(0.08)
+    assert exact.predictions["pool"].error == pytest.approx(0.02)  # the floor
+    assert noisy.predictions["pool"].error > 0.04
+    assert exact.backend == "pool"  # 6 % is outside a 3 % margin
+    assert noisy.backend == "serial" and "simpler" in noisy.reason  # and inside a noisy model's margin
+
+
+# -- when in doubt, measure ------------------------------------------------------------
+
+def test_measuring_on_first_use_picks_the_truly_fastest(clean):
+    # the models think serial and pool are neck and neck; in truth pool is 20x faster
+    (spec,) = _install(_spec("synthetic.doubt", {"serial": _sleeper(0.02), "pool": _sleeper(0.001)}))
+    _calibrate(spec, "serial", lambda p: 1.00e-3, GRID)
+    _calibrate(spec, "pool", lambda p: 1.01e-3, GRID)
+    problem = GridProblem(1_000, 10)
+    first = core.solve(problem, solver="synthetic.doubt", expected_calls=1)
+    assert first.backend == "serial" and "not confident" in first.plan.reason  # one call: no measuring
+    result = core.solve(problem, solver="synthetic.doubt", expected_calls=10)
+    assert result.plan.measure == ("serial", "pool")
+    assert result.backend == "pool" and "measured: pool" in result.plan.reason
+    # remembered: the next plan for this problem knows, and says how it knows
+    again = core.plan(problem, solver="synthetic.doubt", expected_calls=10)
+    assert again.backend == "pool" and again.predictions["pool"].status == "measured" and not again.measure
+    # and the measured times went into the history that the models are refitted from
+    history.flush()
+    stored = history.stored()["solvers"]["synthetic.doubt"]["backends"]
+    assert any(r["source"] == "solve" for r in stored["pool"]["history"])
+
+
+# -- one-off costs where they are paid ---------------------------------------------------
+
+def test_a_backends_start_is_charged_once_across_two_solvers(clean):
+    first, second = _install(_spec("synthetic.first", {"serial": _echo, "pool": _echo}),
+                             _spec("synthetic.second", {"serial": _echo, "pool": _echo}))
+    for spec in (first, second):
+        _calibrate(spec, "serial", lambda p: 1e-3, GRID)
+        _calibrate(spec, "pool", lambda p: 1e-4, GRID, one_off=0.2)  # its JIT: per implementation
+    history.record_start("pool", 0.5)  # the pool's start: per backend
+    problem = GridProblem(1_000, 10)
+    assert core.plan(problem, solver="synthetic.first").predictions["pool"].one_off_seconds == pytest.approx(0.7)
+    assert core.plan(problem, solver="synthetic.second").predictions["pool"].one_off_seconds == pytest.approx(0.7)
+    core.solve(problem, backend="pool", solver="synthetic.first")
+    assert STARTS["pool"] == 1
+    # the second solver still owes its own JIT, but no longer the pool's start
+    assert core.plan(problem, solver="synthetic.second").predictions["pool"].one_off_seconds == pytest.approx(0.2)
+    core.solve(problem, backend="pool", solver="synthetic.second")
+    assert STARTS["pool"] == 1
+
+
+def test_a_compiled_variant_pays_its_one_off_per_shape(clean):
+    (spec,) = _install(_spec("synthetic.shapes", {"device:compiled": _echo, "serial": _echo},
+                             compile_key=lambda p, key: (p.n,) if key == "device:compiled" else ()))
+    _calibrate(spec, "device:compiled", lambda p: 1e-4, GRID, one_off=0.3)
+    _calibrate(spec, "serial", lambda p: 1e-3, GRID, one_off=0.1)
+    small, same_shape, other_shape = GridProblem(1_000, 10), GridProblem(1_000, 50), GridProblem(2_000, 10)
+    core.solve(small, backend="device:compiled")
+    core.solve(small, backend="serial")
+    plan = core.plan(same_shape)
+    assert plan.predictions["device:compiled"].one_off_seconds == 0.0
+    plan = core.plan(other_shape)
+    owed = plan.predictions["device:compiled"].one_off_seconds
+    assert owed > 0 and owed == history.implementation_one_off(spec, "device:compiled", other_shape)
+    assert plan.predictions["serial"].one_off_seconds == 0.0  # compiled once per process
+
+
+def test_repeated_calls_raise_the_expected_count_until_a_one_off_pays_for_itself(clean):
+    (spec,) = _install(_spec("synthetic.loop", {"serial": _echo, "device": _echo}))
+    _calibrate(spec, "serial", lambda p: 0.1, GRID)
+    _calibrate(spec, "device", lambda p: 0.01, GRID, one_off=0.5)
+    problem = GridProblem(1_000, 10)
+    chosen = []
+    for _ in range(8):
+        history.count_call(spec)  # what core.solve does first, for every call
+        chosen.append(core.plan(problem, explain=False).backend)
+    # at the k-th call 0.01 + 0.5 / k < 0.1 once k >= 6: then the device's one-off pays for itself
+    assert chosen == ["serial"] * 5 + ["device"] * 3
+    assert core.plan(problem, expected_calls=1e6, explain=False).backend == "device"
+
+
+# -- variants inside one device -----------------------------------------------------------
+
+def test_variants_are_planned_like_backends_and_a_named_backend_picks_among_them(clean):
+    (spec,) = _install(_spec("synthetic.variants", {"serial": _echo, "device:eager": _echo,
+                                                     "device:fused": _echo},
+                             supports=lambda p, key: "needs m <= 50" if key == "device:fused" and p.m > 50 else ""))
+    _calibrate(spec, "serial", lambda p: 1e-2, GRID)
+    _calibrate(spec, "device:eager", lambda p: 2e-3 + 1e-5 * p.m, GRID)
+    _calibrate(spec, "device:fused", lambda p: 1e-3, GRID)
+    plan = core.plan(GridProblem(1_000, 10), expected_calls=math.inf)
+    assert set(plan.predictions) == {"serial", "device:eager", "device:fused"}
+    assert plan.backend == "device:fused"
+    wide = core.plan(GridProblem(1_000, 80), expected_calls=math.inf)
+    assert wide.backend == "device:eager" and wide.excluded["device:fused"] == "unsupported: needs m <= 50"
+    assert core.solve(GridProblem(1_000, 10), backend="device").backend == "device:fused"
+    assert core.solve(GridProblem(1_000, 80), backend="device").backend == "device:eager"
+    assert core.solve(GridProblem(1_000, 80), backend="device:eager").backend == "device:eager"
+    with pytest.raises(core.UnknownBackendError, match="has no 'device:other' implementation"):
+        core.solve(GridProblem(1_000, 80), backend="device:other")
+
+
+def test_the_design_identifies_every_feature(clean):
+    from core.costmodel.design import calibration_design, held_out_problems
+
+    (spec,) = _install(_spec("synthetic.design", {"serial": _echo}))
+    design = calibration_design(spec, quick=True)
+    rows = np.array([[1.0, p.n, p.m] for p in design], dtype=float)
+    assert np.linalg.matrix_rank(rows / rows.max(axis=0)) == 3
+    assert len({(p.n, p.m) for p in design}) == len(design) >= 6
+    costs = [p.n + 1e4 * p.m for p in design]  # cheapest first by the features relative to their top
+    assert costs[0] <= costs[-1]
+    held_out = held_out_problems(spec, quick=True, count=8)
+    assert not {(p.n, p.m) for p in held_out} & {(p.n, p.m) for p in design}
+    assert max(p.n for p in held_out) > 1e6  # some beyond the top of the space
