@@ -14,6 +14,7 @@ from core.backend import Availability, safe_describe
 from core.costmodel import history
 from core.costmodel.features import model_features
 from core.costmodel.plan import exclusion, plan
+from core.costmodel.warmup import tier_up, using
 from core.errors import (
     AutoSelectionError,
     BackendUnavailableError,
@@ -85,7 +86,8 @@ def _run(spec: SolverSpec, implementation: str, problem: Any) -> tuple[dict, flo
     history.start_backend(get_registry().backends[backend_of(implementation)])
     was_paid = history.is_paid(spec, implementation, problem)
     owed = history.implementation_one_off(spec, implementation, problem)
-    outputs, seconds = run_once(spec, implementation, problem)
+    with using(implementation):
+        outputs, seconds = run_once(spec, implementation, problem)
     history.mark_paid(spec, implementation, problem)
     if was_paid or owed == 0.0:  # a first call that owes a one-off would bias the steady-state model
         history.record_solve(spec, implementation,
@@ -133,6 +135,7 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     history.count_call(spec)
     if backend == "auto":
         decision = plan(problem, solver=spec.name, expected_calls=expected_calls, calibrate=True, explain=False)
+        tier_up(spec, decision)
     else:
         decision = _named(spec, problem, backend, expected_calls)
     if decision.measure:

@@ -263,3 +263,38 @@ def test_the_design_identifies_every_feature(clean):
     held_out = held_out_problems(spec, quick=True, count=8)
     assert not {(p.n, p.m) for p in held_out} & {(p.n, p.m) for p in design}
     assert max(p.n for p in held_out) > 1e6  # some beyond the top of the space
+
+
+def test_a_loop_tiers_up_in_the_background(clean, monkeypatch):
+    from core.costmodel import warmup
+
+    monkeypatch.delenv("CROSSOVER_TIER_UP", raising=False)
+    warmed = []
+
+    def device_run(problem):
+        warmed.append(problem)
+        return {"n": np.array(problem.n)}
+
+    (spec,) = _install(_spec("synthetic.tier", {"serial": _echo, "device": device_run}))
+    _calibrate(spec, "serial", lambda p: 0.1, GRID)
+    _calibrate(spec, "device", lambda p: 0.01, GRID, one_off=50.0)  # far too dear for any one call
+    problem = GridProblem(1_000, 10)
+    assert core.solve(problem).backend == "serial"
+    assert not warmed  # one call says nothing about the next
+    assert core.solve(problem).backend == "serial"  # the second call starts the warm-up beside it
+    warmup.wait()
+    assert len(warmed) == 1 and warmed[0] != problem  # warmed on the cheapest designed problem
+    assert core.solve(problem).backend == "device"  # its one-off is paid: the loop moved
+
+
+def test_tiering_up_can_be_turned_off(clean, monkeypatch):
+    from core.costmodel import warmup
+
+    monkeypatch.setenv("CROSSOVER_TIER_UP", "0")
+    (spec,) = _install(_spec("synthetic.still", {"serial": _echo, "device": _echo}))
+    _calibrate(spec, "serial", lambda p: 0.1, GRID)
+    _calibrate(spec, "device", lambda p: 0.01, GRID, one_off=50.0)
+    for _ in range(3):
+        assert core.solve(GridProblem(1_000, 10)).backend == "serial"
+    warmup.wait()
+    assert not history.is_paid(spec, "device", GridProblem(1_000, 10))
