@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import time
-from functools import lru_cache
 from typing import Any
 
 from core.backend import Availability, Backend, safe_probe
@@ -35,7 +34,7 @@ def find_solver(problem: Any) -> SolverSpec:
                        "pass solver=NAME or register the plugin that defines it")
 
 
-@lru_cache(maxsize=None)
+@functools.cache
 def _cached_probe(backend: Backend) -> Availability:
     return safe_probe(backend)
 

@@ -38,7 +38,7 @@ def backend_of(implementation: str) -> str:
     return implementation.split(":", 1)[0]
 
 
-class lazy:  # noqa: N801  (used like a function: ``lazy("pkg.module", "solve")``)
+class lazy:
     """An implementation imported on its first call: ``lazy("plugins.mfg.fp.numba_kernel", "solve_numba")``.
 
     The one idiom every plugin uses to defer a backend's heavy imports

@@ -74,7 +74,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for target in sorted(graph[node]):
             if state.get(target) == 1:
-                return stack[stack.index(target):] + [target]
+                return [*stack[stack.index(target):], target]
             if target not in state and (cycle := visit(target)):
                 return cycle
         stack.pop()

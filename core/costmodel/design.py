@@ -25,6 +25,7 @@ axis, where the models extrapolate.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -149,7 +150,7 @@ def held_out_problems(spec: SolverSpec, quick: bool = True, count: int = 12, bey
         for factor in (2.0, 4.0)[:beyond]:
             units = {name: float(rng.random()) for name in space.ranges}
             params = _params(spec, space, units, _middle_picks(spec, space))
-            low, high = space.ranges[spec.size_axis]
+            _low, high = space.ranges[spec.size_axis]
             top = high * factor
             params[spec.size_axis] = int(round(top)) if isinstance(params[spec.size_axis], int) else top
             problem = try_problem(spec, params)
@@ -166,7 +167,7 @@ def _beyond_ladder(spec: SolverSpec, quick: bool, design_keys: set) -> list:
     """With a fixed ladder only: its geometric midpoints and 2x and 4x its top, along the size axis."""
     ladder = sorted(spec.ladder(quick), key=lambda p: float(getattr(p, spec.size_axis)))
     sizes = [float(getattr(p, spec.size_axis)) for p in ladder]
-    targets = [math.sqrt(a * b) for a, b in zip(sizes, sizes[1:])] + [sizes[-1] * 2, sizes[-1] * 4]
+    targets = [math.sqrt(a * b) for a, b in itertools.pairwise(sizes)] + [sizes[-1] * 2, sizes[-1] * 4]
     problems = []
     for target in targets:
         nearest = min(ladder, key=lambda p: abs(math.log(float(getattr(p, spec.size_axis)) / target)))

@@ -57,7 +57,8 @@ OVERLAP = 2.0  # error bands: this many relative errors either side
 MEASURE_AT_MOST = 3
 
 
-def choose(costs: Mapping[str, float], simplicity: Mapping[str, int], margin: float | Mapping[str, float] = 0.05) -> str:
+def choose(costs: Mapping[str, float], simplicity: Mapping[str, int],
+           margin: float | Mapping[str, float] = 0.05) -> str:
     """The simplest implementation whose cost is within its margin of the cheapest."""
     if not costs:
         raise AutoSelectionError("no backend to choose from")

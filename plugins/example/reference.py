@@ -1,8 +1,9 @@
-"""NumPy kernels of the random-walk example, shared by the numpy and process backends.
+"""NumPy kernels of the random-walk example, shared by the numpy and parallel backends.
 
 :func:`walk_chunk` is the task function: the numpy backend runs the chunks
-serially and the process backend maps them over its pool, with the same
-per-chunk seeds, so the two agree bit for bit.
+serially, and every parallel backend (the process pool, a cluster) maps
+them with :func:`core.tasks.map_tasks`, with the same per-chunk seeds, so
+they all agree bit for bit.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from core import tasks
+from core.tasks import map_tasks, run_serially
 from plugins.example.problem import RandomWalkProblem
 
 # (walkers, mean, sum of squared deviations, histogram counts)
@@ -62,13 +63,13 @@ def chunk_tasks(problem: RandomWalkProblem) -> tuple[list[tuple], list[str]]:
 def solve_numpy(problem: RandomWalkProblem) -> dict[str, np.ndarray]:
     task_list, _ = chunk_tasks(problem)
     edges = problem.bin_edges()
-    return merge(tasks.run_serially(walk_chunk, task_list, shared={"edges": edges}, seed=problem.seed), edges)
+    return merge(run_serially(walk_chunk, task_list, shared={"edges": edges}, seed=problem.seed), edges)
 
 
-def solve_process(problem: RandomWalkProblem) -> dict[str, np.ndarray]:
-    from core.backends.process_pool import map_tasks
-
+def solve_parallel(problem: RandomWalkProblem, backend: str) -> dict[str, np.ndarray]:
+    """One chunk per task on the parallel ``backend`` the core names (``process``, a cluster's)."""
     task_list, labels = chunk_tasks(problem)
     edges = problem.bin_edges()
-    stats = map_tasks(walk_chunk, task_list, shared={"edges": edges}, seed=problem.seed, labels=labels)
+    stats = map_tasks(walk_chunk, task_list, shared={"edges": edges}, seed=problem.seed, labels=labels,
+                      backend=backend)
     return merge(stats, edges)

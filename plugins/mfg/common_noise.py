@@ -18,8 +18,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from core import tasks
 from core.backends import numba_threads
-from core.tasks import run_serially, task_seeds
 from plugins.mfg.coupling import STEPS, picard, picard_batch
 from plugins.mfg.problem import CommonNoiseProblem, FPProblem, HJBProblem, MFGProblem
 
@@ -83,47 +83,54 @@ def summarize(problem: CommonNoiseProblem, paths: list[dict[str, np.ndarray]]) -
     }
 
 
-def solve_serial(problem: CommonNoiseProblem, steps: str) -> dict[str, np.ndarray]:
-    tasks = [(problem, steps)] * problem.K
-    return summarize(problem, run_serially(path_task, tasks, seed=problem.seed))
+def solve_serial(problem: CommonNoiseProblem, *, steps: str) -> dict[str, np.ndarray]:
+    """Every path in this process, one after the other, with the HJB and FP steps of ``steps``."""
+    jobs = [(problem, steps)] * problem.K
+    return summarize(problem, tasks.run_serially(path_task, jobs, seed=problem.seed))
 
 
-def solve_process(problem: CommonNoiseProblem) -> dict[str, np.ndarray]:
-    from core.backends.process_pool import map_tasks
+def solve_parallel(problem: CommonNoiseProblem, *, backend: str) -> dict[str, np.ndarray]:
+    """The paths as independent tasks on a parallel backend (a process pool, a cluster).
 
-    tasks = [(problem, "numba")] * problem.K  # one Numba thread per worker: the pool is the parallelism
-    labels = [f"path {k}" for k in range(problem.K)]
-    return summarize(problem, map_tasks(path_task, tasks, seed=problem.seed, labels=labels))
-
-
-def solve_torch(problem: CommonNoiseProblem, hjb_on_gpu: bool = False) -> dict[str, np.ndarray]:
-    """All K paths as one batch: one fused FP launch per Picard iteration for every path.
-
-    The HJB sweeps run with numba on the host by default (see
-    ``coupling.torch_steps`` for the measured reason); ``hjb_on_gpu=True``
-    uses the batched torch HJB instead. U and M cross to the host once per
-    iteration for the damping and the convergence test (K x (Nt+1) x Nx
-    numbers, never particles).
+    Each path runs the numba steps: within a worker the backend, not numba's
+    threads, is the parallelism.
     """
+    jobs = [(problem, "numba")] * problem.K
+    labels = [f"path {k}" for k in range(problem.K)]
+    return summarize(problem, tasks.map_tasks(path_task, jobs, seed=problem.seed, labels=labels, backend=backend))
+
+
+def solve_torch(problem: CommonNoiseProblem, *, hjb_device: bool) -> dict[str, np.ndarray]:
+    """All K paths as one batch: one FP launch per Picard iteration for every path.
+
+    The HJB sweeps run batched on the device (``hjb_device``) or path by path
+    with numba on the host; which is faster depends on the machine and the
+    size, so each is an implementation the cost model measures (see
+    ``coupling.torch_steps``). U and M cross to the host once per iteration
+    for the damping and the convergence test (K x (Nt+1) x Nx numbers, never
+    particles).
+    """
+    import torch
+
+    from plugins.mfg.fp.torch_kernel import fused_unsupported
     from plugins.mfg.fp.torch_kernel import solve_torch_batch as fp_batch
     from plugins.mfg.hjb.numba_kernel import solve_numba as hjb_numba
     from plugins.mfg.hjb.torch_kernel import solve_torch_batch as hjb_torch_batch
 
     def hjb_batch(template: HJBProblem, v: np.ndarray, m: np.ndarray):
-        if hjb_on_gpu:
+        if hjb_device:
             return hjb_torch_batch(template, v, m)
-        import torch
-
         fields = template.model_fields()
         return torch.as_tensor(np.stack([hjb_numba(HJBProblem(**fields, M=mk, V_t=vk))["U"] for vk, mk in zip(v, m)]))
 
-    thetas = [ou_path(problem, seed) for seed in task_seeds(problem.seed, problem.K)]
+    thetas = [ou_path(problem, seed) for seed in tasks.task_seeds(problem.seed, problem.K)]
     V = np.stack([shifted_potential(problem, theta) for theta in thetas])
     conditional = conditional_problem(problem)
     hjb_template = HJBProblem(**conditional.model_fields())
     fp_template = FPProblem(**conditional.model_fields())
+    fused = not fused_unsupported(fp_template)  # the all-steps kernel wherever the KDE allows it
     out = picard_batch(conditional, lambda v, m: hjb_batch(hjb_template, v, m).cpu().numpy(),
-                       lambda u: fp_batch(fp_template, u).cpu().numpy(), V)
+                       lambda u: fp_batch(fp_template, u, fused=fused).cpu().numpy(), V)
     paths = [{"U": out["U"][k], "M": out["M"][k], "converged": out["converged"][k],
               "iterations": out["iterations"][k], "theta": thetas[k]} for k in range(problem.K)]
     return summarize(problem, paths)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from plugins.mfg.fp.common import all_steps_unsupported
 from plugins.mfg.problem import FPProblem, HJBProblem, MFGModel, MFGProblem
 
 HJBStep = Callable[[HJBProblem], np.ndarray]
@@ -87,6 +88,11 @@ def picard(problem: MFGProblem, hjb: HJBStep, fp: FPStep, V_t: np.ndarray | None
 
 
 # -- the backends' HJB and FP steps --------------------------------------------------
+#
+# Inside the fixed point the FP runs an all-steps kernel wherever the problem
+# allows one (binned KDE, no Silverman): a capability, whatever the size. The
+# choices that do depend on size (the host or the device for the HJB; numba,
+# numpy or torch) are separate implementations, measured by the cost model.
 
 def numpy_steps() -> tuple[HJBStep, FPStep]:
     from plugins.mfg.fp.reference import solve_numpy as fp_numpy
@@ -96,36 +102,48 @@ def numpy_steps() -> tuple[HJBStep, FPStep]:
 
 
 def numba_steps() -> tuple[HJBStep, FPStep]:
-    from plugins.mfg.fp.numba_kernel import solve_numba as fp_numba
-    from plugins.mfg.hjb.numba_kernel import solve_numba as hjb_numba
-
-    return (lambda p: hjb_numba(p)["U"]), (lambda p: fp_numba(p)["M"])
-
-
-def torch_steps() -> tuple[HJBStep, FPStep]:
-    """Particles on the GPU; the HJB sweep with numba on the host.
-
-    The HJB step is a chain of Nx-long tridiagonal recurrences: on the GPU
-    it is bound by kernel launches (about 2 s at Nx = Nt = 101 on an H200,
-    against 1 ms for numba), so only the particle work, which is where the
-    GPU wins, runs there. U and M cross to the host once per iteration.
-    """
-    from plugins.mfg.fp.torch_kernel import solve_torch as fp_torch
+    from plugins.mfg.fp.numba_kernel import solve_particles
     from plugins.mfg.hjb.numba_kernel import solve_numba as hjb_numba
 
     def fp(p: FPProblem) -> np.ndarray:
-        return fp_torch(p)["M"].cpu().numpy()
+        return solve_particles(p, fused=not all_steps_unsupported(p))["M"]
 
     return (lambda p: hjb_numba(p)["U"]), fp
 
 
-STEPS = {"numpy": numpy_steps, "numba": numba_steps, "torch": torch_steps}
+def torch_steps(hjb_device: bool) -> tuple[HJBStep, FPStep]:
+    """Particles on the GPU; the HJB sweep on the device, or with numba on the host.
+
+    The HJB step is a chain of Nx-long tridiagonal recurrences: on the GPU
+    it is bound by kernel launches, on the host numba runs it in a
+    millisecond but U and M cross the bus once per iteration. Which wins
+    depends on the machine and the size, so both are implementations
+    (``torch:hjb_device``, ``torch:hjb_host``) and the cost model measures them.
+    """
+    from plugins.mfg.fp.torch_kernel import fused_unsupported, solve_torch
+
+    def fp(p: FPProblem) -> np.ndarray:
+        return solve_torch(p, fused=not fused_unsupported(p))["M"].cpu().numpy()
+
+    if hjb_device:
+        from plugins.mfg.hjb.torch_kernel import solve_torch as hjb_torch
+
+        return (lambda p: hjb_torch(p)["U"]), fp
+    from plugins.mfg.hjb.numba_kernel import solve_numba as hjb_numba
+
+    return (lambda p: hjb_numba(p)["U"]), fp
 
 
-def solve_with(backend: str) -> Callable[[MFGProblem], dict[str, np.ndarray]]:
-    def solve(problem: MFGProblem) -> dict[str, np.ndarray]:
-        hjb, fp = STEPS[backend]()
-        return picard(problem, hjb, fp)
+# what each implementation key of the coupled solvers runs for one Picard iteration
+STEPS: dict[str, Callable[[], tuple[HJBStep, FPStep]]] = {
+    "numpy": numpy_steps,
+    "numba": numba_steps,
+    "torch:hjb_host": lambda: torch_steps(hjb_device=False),
+    "torch:hjb_device": lambda: torch_steps(hjb_device=True),
+}
 
-    solve.__name__ = f"fixed_point_{backend}"
-    return solve
+
+def solve_fixed_point(problem: MFGProblem, *, steps: str) -> dict[str, np.ndarray]:
+    """The damped fixed point with the HJB and FP steps of ``steps`` (a key of :data:`STEPS`)."""
+    hjb, fp = STEPS[steps]()
+    return picard(problem, hjb, fp)

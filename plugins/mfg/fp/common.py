@@ -1,10 +1,13 @@
-"""What every FP backend shares: the drift table and how particles start.
+"""What every FP backend shares: the drift table, how particles start, what all-steps kernels can do.
 
 The drift is computed once on the grid, ``alpha = -lam * dU/dx``, and each
 backend interpolates it linearly at the particles. Initial positions are
 drawn from ``m0`` read as a piecewise-constant density on the cells around
 the nodes (half cells at reflecting walls), so every backend starts from the
 same law.
+
+The GPU layout constants live here, below both GPU modules, because the torch
+eager path and the Triton kernel must fill the same slotted histogram.
 """
 
 from __future__ import annotations
@@ -12,6 +15,26 @@ from __future__ import annotations
 import numpy as np
 
 from plugins.mfg.problem import MFGModel
+
+SLOTS = 128  # private histogram copies per time step on the GPU: spreads the atomic adds on busy bins
+BLOCK = 1024  # particles per Triton program
+
+
+def all_steps_unsupported(problem: MFGModel) -> str:
+    """Why a kernel that runs every time step in one pass cannot solve ``problem`` ("" when it can).
+
+    Such a kernel (numba's all-steps kernel, the Triton kernel) carries each
+    particle from the first step to the last and bins it as it goes, so no
+    step's particle set ever exists as a whole: the direct KDE (a sum over
+    all particles per grid point) and Silverman's rule (their quartiles) need
+    exactly that. A capability, not a size rule: these kernels never run
+    such problems, whatever their size.
+    """
+    if problem.kde != "binned":
+        return f"kde={problem.kde!r} needs every step's particles at once; the all-steps kernel bins them on the fly"
+    if problem.bandwidth == "silverman":
+        return "bandwidth='silverman' needs every step's particle quartiles; the all-steps kernel keeps only sums"
+    return ""
 
 
 def drift_table(problem: MFGModel, U: np.ndarray) -> np.ndarray:

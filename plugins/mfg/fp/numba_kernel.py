@@ -2,17 +2,25 @@
 
 The loop over particles runs in parallel chunks; each chunk writes its own
 histogram rows, so no two threads ever add to the same bin and the result
-does not depend on the thread count. By default one call runs every time
-step: each pair of particles goes through all steps while it sits in
-registers, into (chunks, steps, Nx) histograms, so the particles cross
-memory once per solve instead of once per step and Python is entered once
-instead of Nt times. That needs every step's histograms at once, so the
-direct KDE and Silverman's rule (which need each step's particles) and
-problems whose histograms would pass ``FUSED_BYTES`` go step by step.
-Both ways add the same numbers in the same order and agree bit for bit.
-Each particle owns a SplitMix64 stream keyed by (seed, particle), so numba agrees with numpy in
-distribution, not bit for bit. The Gaussian smoothing and the bandwidth
-rule are the shared ones in :mod:`plugins.mfg.kde`.
+does not depend on the thread count. Two kernels compute the same thing,
+and each is an implementation of its own (``numba:fused``, ``numba:steps``)
+that the cost model measures and chooses between:
+
+- the all-steps kernel (``fused=True``): one call runs every time step,
+  each pair of particles going through all steps while it sits in
+  registers, into (chunks, steps, Nx) histograms. The particles cross
+  memory once per solve instead of once per step and Python is entered once
+  instead of Nt times, at the price of holding every step's histograms
+  (see :func:`all_steps_bytes`, which the memory estimate counts). It
+  cannot run the direct KDE or Silverman's rule
+  (:func:`plugins.mfg.fp.common.all_steps_unsupported`).
+- the step-by-step kernel (``fused=False``): one call per step; it runs
+  every problem.
+
+Both add the same numbers in the same order and agree bit for bit. Each
+particle owns a SplitMix64 stream keyed by (seed, particle), so numba agrees
+with numpy in distribution, not bit for bit. The Gaussian smoothing and the
+bandwidth rule are the shared ones in :mod:`plugins.mfg.kde`.
 """
 
 from __future__ import annotations
@@ -25,11 +33,10 @@ from numba import prange
 from core.backends.numba_random import normal_pair, stream_keys
 from core.backends.numba_threads import jit, use_idle_cores
 from plugins.mfg import kde
-from plugins.mfg.fp.common import drift_table, initial_positions
+from plugins.mfg.fp.common import all_steps_unsupported, drift_table, initial_positions
 from plugins.mfg.problem import MFGModel
 
 _PERIODIC, _REFLECTING = 0, 1
-FUSED_BYTES = 32 * 2**20  # the largest (chunks, steps, Nx) histogram the all-steps kernel may fill
 
 
 def chunk_size(n: int) -> int:
@@ -192,17 +199,15 @@ def all_steps_bytes(problem) -> int:
     return 8 * -(-problem.N // chunk_size(problem.N)) * (problem.Nt + 1) * problem.Nx
 
 
-def runs_all_steps(problem) -> bool:
-    """Whether :func:`solve_numba` takes the all-steps kernel (see the module docstring)."""
-    return problem.kde == "binned" and problem.bandwidth != "silverman" and all_steps_bytes(problem) <= FUSED_BYTES
+def solve_particles(problem, U: np.ndarray | None = None, *, fused: bool) -> dict[str, np.ndarray]:
+    """M (Nt+1, Nx) from particles driven by ``U`` (default: the problem's own U).
 
-
-def solve_numba(problem, U: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    return solve_particles(problem, U, runs_all_steps(problem))
-
-
-def solve_particles(problem, U: np.ndarray | None, fused: bool) -> dict[str, np.ndarray]:
-    """The solve: all steps in one kernel (``fused``: binned KDE, Scott or fixed bandwidth) or step by step."""
+    ``fused`` takes the all-steps kernel, otherwise one kernel call per step
+    (see the module docstring); the caller chooses, by measurement or by
+    what the problem needs, never this function.
+    """
+    if fused and all_steps_unsupported(problem):
+        raise ValueError(f"the all-steps numba kernel cannot run this problem: {all_steps_unsupported(problem)}")
     U = problem.U if U is None else U
     use_idle_cores()  # in a pool task (common noise, sweeps): the idle workers' cores, if any
     positions, states = starting_state(problem)

@@ -1,32 +1,32 @@
 """Torch FP solver: particles, random numbers and densities stay on the GPU.
 
-Two paths compute the same thing:
+Two implementations compute the same thing, each keyed on its own
+(``torch:fused``, ``torch:eager``) so the cost model measures and chooses:
 
-- ``fused`` (CUDA with Triton, binned KDE with a fixed or Scott bandwidth):
-  ONE kernel launch runs every time step. Each program keeps its block of
-  particles in registers for the whole solve, draws its normals with Philox
-  (``tl.randn``), interpolates the drift, wraps or reflects, and deposits
-  the linear-binning mass (in float64, so mass is exact to 1e-12) into one
-  of ``SLOTS`` private copies of the histogram, so a few bins are never
-  hammered by every thread at once.
-- ``eager`` (MPS, no Triton, Silverman bandwidth or direct KDE): the same
-  step as whole-array torch operations, with the histogram scattered into
-  the same slotted buffer.
+- ``fused=True``: ONE Triton kernel launch runs every time step. Each
+  program keeps its block of particles in registers for the whole solve,
+  draws its normals with Philox (``tl.randn``), interpolates the drift,
+  wraps or reflects, and deposits the linear-binning mass (in float64, so
+  mass is exact to 1e-12) into one of ``SLOTS`` private copies of the
+  histogram, so a few bins are never hammered by every thread at once. It
+  needs CUDA and Triton, and a problem an all-steps kernel can run
+  (:func:`fused_unsupported` says why not).
+- ``fused=False`` (eager): the same step as whole-array torch operations,
+  with the histogram scattered into the same slotted buffer; it runs every
+  problem on CUDA or MPS.
 
 Either way the host receives only the finished (Nt+1, Nx) density.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import numpy as np
 
 from plugins.mfg import kde
-from plugins.mfg.fp.common import cells, drift_table
-
-SLOTS = 128  # private histogram copies per time step
-BLOCK = 1024  # particles per Triton program
+from plugins.mfg.fp.common import SLOTS, all_steps_unsupported, cells, drift_table
 
 
 def _torch():
@@ -88,19 +88,28 @@ def _bandwidths(problem, sums, iqr=None):
     return torch.clamp(spread, min=1e-12) * n ** (-0.2)
 
 
-def fused_available(problem, device) -> bool:
-    if device.type != "cuda" or problem.kde != "binned" or problem.bandwidth == "silverman":
-        return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def fused_unsupported(problem) -> str:
+    """Why the Triton all-steps kernel cannot solve ``problem`` here ("" when it can).
+
+    The problem's needs are checked first, then Triton, and CUDA last: only
+    that step imports torch.
+    """
+    reason = all_steps_unsupported(problem)
+    if reason:
+        return reason
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not installed"
+    if not _torch().cuda.is_available():
+        return "the Triton kernel needs a CUDA device"
+    return ""
 
 
-def solve_torch(problem, U: np.ndarray | None = None, path: str = "auto") -> dict:
+def solve_torch(problem, U: np.ndarray | None = None, *, fused: bool) -> dict:
+    """M (Nt+1, Nx) and the rest as device tensors; ``fused`` takes the Triton kernel (see the module docstring)."""
     from core.backends.torch_gpu import device as gpu_device
 
+    if fused and fused_unsupported(problem):
+        raise ValueError(f"the fused torch FP cannot run this problem: {fused_unsupported(problem)}")
     dev = gpu_device()
     torch = _torch()
     U = problem.U if U is None else U
@@ -109,9 +118,8 @@ def solve_torch(problem, U: np.ndarray | None = None, path: str = "auto") -> dic
     generator.manual_seed(seed)
     drift = torch.as_tensor(drift_table(problem, U), device=dev, dtype=torch.float32)
     positions = initial_positions(problem, generator, dev).to(torch.float32)
-    use_fused = fused_available(problem, dev) if path == "auto" else path == "fused"
-    if use_fused:
-        from plugins.mfg.fp.triton_kernel import run_fused
+    if fused:
+        from plugins.mfg.fp.triton_kernel import run_fused  # Triton only loads where this variant runs
 
         mass, moments = run_fused(problem, positions, drift, seed)
         bandwidths = _bandwidths(problem, moments)
@@ -124,7 +132,7 @@ def solve_torch(problem, U: np.ndarray | None = None, path: str = "auto") -> dic
     variance = torch.clamp(moments[:, 1] - moments[:, 0] * mean, min=0.0) / max(n - 1, 1)
     weights = torch.as_tensor(problem.weights(), device=dev, dtype=torch.float64)
     return {"M": density, "bandwidth": bandwidths, "mass": density @ weights,
-            "moments": torch.stack([mean, variance], dim=1), "path": np.array("fused" if use_fused else "eager")}
+            "moments": torch.stack([mean, variance], dim=1), "path": np.array("fused" if fused else "eager")}
 
 
 def _deposit(problem, positions, histogram, slot_index):
@@ -216,7 +224,7 @@ def _place(problem, positions):
     return problem.xmin + torch.where(y > problem.length, 2 * problem.length - y, y)
 
 
-def solve_torch_batch(problem, U_batch) -> object:
+def solve_torch_batch(problem, U_batch, *, fused: bool) -> object:
     """Densities (K, Nt+1, Nx) for K value functions at once, as a device tensor.
 
     The K instances share the particles' seed (common random numbers, as the
@@ -225,18 +233,20 @@ def solve_torch_batch(problem, U_batch) -> object:
     """
     from core.backends.torch_gpu import device as gpu_device
 
+    U_batch = np.asarray(U_batch)
+    if not fused:
+        return _torch().stack([solve_torch(problem, U=u, fused=False)["M"] for u in U_batch])
+    if fused_unsupported(problem):
+        raise ValueError(f"the fused torch FP cannot run this problem: {fused_unsupported(problem)}")
     torch = _torch()
     dev = gpu_device()
-    U_batch = np.asarray(U_batch)
     seed = problem.seed if problem.seed is not None else 0
     drift = torch.as_tensor(np.stack([drift_table(problem, u) for u in U_batch]), device=dev, dtype=torch.float32)
-    if not fused_available(problem, dev):
-        return torch.stack([solve_torch(problem, U=u)["M"] for u in U_batch])
     generator = torch.Generator(device=dev)
     generator.manual_seed(seed)
     start = initial_positions(problem, generator, dev).to(torch.float32)
     positions = start.expand(len(U_batch), -1).clone()
-    from plugins.mfg.fp.triton_kernel import run_fused
+    from plugins.mfg.fp.triton_kernel import run_fused  # Triton only loads where this variant runs
 
     mass, moments = run_fused(problem, positions, drift, seed)
     k, steps = mass.shape[0], mass.shape[1]
