@@ -15,13 +15,13 @@ from core.errors import (
     BackendUnavailableError,
     CrossoverError,
     DuplicateSolverError,
+    NotEnoughMemoryError,
     PluginError,
     PluginWarning,
     ProblemError,
     TaskFailedError,
     UnknownBackendError,
     UnknownSolverError,
-    NotEnoughMemoryError,
     WorkerCrashedError,
 )
 from core.hookspecs import hookimpl

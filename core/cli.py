@@ -22,10 +22,11 @@ from rich.markup import escape
 from rich.table import Table
 
 import core
+from core.costmodel.store import WisdomWarning
 from core.errors import CrossoverError, PluginError, PluginWarning, TaskFailedError
 from core.registry import get_registry, get_solver
 from core.solver import problem_from_params
-from core.costmodel.store import WisdomWarning
+from core.validation import env_flag
 
 USER_ERROR, FAULT = 2, 1
 
@@ -290,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--full", action="store_true", help="draw held-out problems from the full size space")
     evaluate.add_argument("--count", type=int, default=12, help="random held-out problems (default 12)")
     evaluate.add_argument("--seed", type=int, default=2024, help="seed of the held-out draw")
+    _add_plugin_commands(commands)
     return parser
 
 
@@ -306,18 +308,85 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     # auto-calibration and similar notices go to stderr, so --json output stays parseable
     logging.basicConfig(level=logging.WARNING, format="crossover: %(message)s", stream=sys.stderr)
-    warnings.showwarning = _show_warning
+    warnings.showwarning = _show_warning  # set first: plugins load while the parser is built
     try:
-        return COMMANDS[args.command](args)
+        parser = build_parser()
+    except PluginError as exc:  # a broken plugin under CROSSOVER_PLUGINS_STRICT=1
+        print(f"crossover: error: {exc}", file=sys.stderr)
+        return FAULT
+    args = parser.parse_args(argv)
+    command = COMMANDS.get(args.command) or getattr(args, "handler", None)
+    if command is None:
+        print(f"crossover: error: command {args.command!r} names no function to run; its plugin must call "
+              "parser.set_defaults(handler=fn)", file=sys.stderr)
+        return FAULT
+    try:
+        status = command(args)
     except (TaskFailedError, PluginError) as exc:  # faults, not user mistakes
         print(f"crossover: error: {exc}", file=sys.stderr)
         return FAULT
     except CrossoverError as exc:
         print(f"crossover: error: {exc}", file=sys.stderr)
         return USER_ERROR
+    return 0 if status is None else int(status)
+
+
+# -- commands from plugins (the crossover_cli hook) ----------------------------------
+
+class PluginCommands:
+    """The subcommand group as one plugin's ``crossover_cli`` hook sees it.
+
+    It adds parsers like argparse's own group, but refuses a built-in
+    command's name or one another plugin took: argparse before 3.11 would
+    silently replace that command instead.
+    """
+
+    def __init__(self, commands: argparse._SubParsersAction, plugin: str, owners: dict[str, str]):
+        self._commands, self._plugin, self._owners = commands, plugin, owners
+        self.added: list[str] = []
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        names = [name, *kwargs.get("aliases", ())]
+        for each in names:
+            owner = self._owners.get(each)
+            if owner is not None:
+                taken = "is a built-in command" if owner == "core" else f"was already added by plugin {owner!r}"
+                raise PluginError(f"command {each!r} {taken}; a plugin cannot replace it")
+        parser = self._commands.add_parser(name, **kwargs)
+        for each in names:
+            self._owners[each] = self._plugin
+            self.added.append(each)
+        return parser
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self._commands, attribute)
+
+
+def _add_plugin_commands(commands: argparse._SubParsersAction) -> None:
+    """Let each registered plugin add its commands, one plugin at a time so a fault is pinned on it."""
+    owners = {name: "core" for name in commands.choices}
+    for impl in get_registry().manager.hook.crossover_cli.get_hookimpls():
+        group = PluginCommands(commands, impl.plugin_name, owners)
+        try:
+            impl.function(*[{"subparsers": group}[name] for name in impl.argnames])
+        except Exception as exc:
+            _forget_commands(commands, group.added, owners)
+            message = (f"crossover plugin {impl.plugin_name!r}: its crossover_cli hook raised "
+                       f"{type(exc).__name__}: {exc}; its commands are left out")
+            if env_flag("CROSSOVER_PLUGINS_STRICT"):
+                raise PluginError(f"{message} (CROSSOVER_PLUGINS_STRICT is set)") from exc
+            warnings.warn(message, PluginWarning, stacklevel=2)
+
+
+def _forget_commands(commands: argparse._SubParsersAction, names: list[str], owners: dict[str, str]) -> None:
+    """Take back the commands a failed hook added before it raised, so none of them half-works."""
+    for name in names:
+        commands.choices.pop(name, None)
+        owners.pop(name, None)
+    # the help listing reads this private list; argparse has no public way to remove a command
+    commands._choices_actions[:] = [action for action in commands._choices_actions if action.dest not in names]
 
 
 if __name__ == "__main__":

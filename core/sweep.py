@@ -171,6 +171,8 @@ def sweep(target: str | SolverSpec | Callable[..., Any], grid, backend: str = "a
     target = _checked_target(target)
     points = expand(grid)
     mapped_on = _mapping_backend(backend, len(points), workers)
+    if workers is not None and mapped_on not in (None, "process"):
+        raise CrossoverError(f"workers={workers!r} is invalid with backend {backend!r}: it sizes the process pool only")
 
     def report(index: int, row: Row) -> None:
         if on_result is not None:

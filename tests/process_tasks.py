@@ -52,3 +52,19 @@ def cores_before_and_after(task, shared, seed):
     first = process_pool.cores_for_this_task(), numba_threads.threads()
     time.sleep(task)
     return (*first, process_pool.cores_for_this_task(), numba_threads.use_idle_cores())
+
+
+def pid_after_sleep(task, shared, seed):
+    time.sleep(task)
+    return os.getpid()
+
+
+def pool_worker_flag(task, shared, seed):
+    return os.environ.get("CROSSOVER_POOL_WORKER")
+
+
+def weighted_draws(task, shared, seed):
+    """Draws scaled by a shared array: depends on the seed, the task and the shared input."""
+    import numpy as np
+
+    return (np.random.default_rng(seed).standard_normal(task) * shared["weights"][:task]).tolist()

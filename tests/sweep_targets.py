@@ -15,3 +15,10 @@ def fragile(x: float) -> dict:
     if x == 5:
         os._exit(7)  # the worker dies with this point
     return {"y": x * x}
+
+
+def seeded_draws(seed: int, count: int) -> dict:
+    """Deterministic in its parameters, so every backend must return the same numbers."""
+    import numpy as np
+
+    return {"draws": np.random.default_rng(seed).standard_normal(count)}

@@ -117,20 +117,41 @@ def test_cli_page_has_a_section_for_every_subcommand():
 
 
 def test_cost_model_page_quotes_the_selection_rule_as_the_code_states_it():
-    import core.costmodel.plan
+    from core.costmodel import calibrate, fit, plan
 
-    docstring = core.costmodel.plan.__doc__
-    rule = [line.strip() for line in docstring.splitlines() if line.startswith("    ") and line.strip()]
-    assert len(rule) == 4 and rule[0].startswith("cost(b) =")
+    rule = [line.strip() for line in plan.__doc__.splitlines() if line.startswith("    ") and line.strip()]
+    assert len(rule) == 5 and rule[0].startswith("cost(i)") and rule[-1].startswith("chosen")
     page = (DOCS / "costmodel.md").read_text(encoding="utf-8")
     assert "```text\n" + "\n".join(rule) + "\n```" in page
-    # the numbers the page states, against the constants the code uses
-    from core import calibration, costmodel
 
-    assert core.costmodel.plan.DEFAULT_MARGIN == 0.05 and "5 %" in page
-    assert costmodel.EXTRAPOLATION_FACTOR == 2.0 and costmodel.OUTLIER_RATIO == 3.0
-    assert calibration.QUICK["budget"] == 50.0 and "50 s" in page
-    assert calibration.QUICK["sample_cap"] == 2.0 and calibration.FULL["sample_cap"] == 30.0
+    # the numbers in the rule are the constants the code uses
+    def percent(value: float) -> str:
+        return f"{value * 100:g} %"
+
+    assert f"at least {percent(plan.MIN_ERROR)}; {percent(plan.EXTRAPOLATED_ERROR)} when extrapolated" in rule[1]
+    assert f"{percent(plan.MIN_MARGIN)}, {percent(plan.MAX_MARGIN)})" in rule[3]
+
+    # and so are the ones the page's table of constants states
+    stated = {
+        "plan.MIN_ERROR": plan.MIN_ERROR, "plan.EXTRAPOLATED_ERROR": plan.EXTRAPOLATED_ERROR,
+        "plan.MIN_MARGIN": plan.MIN_MARGIN, "plan.MAX_MARGIN": plan.MAX_MARGIN, "plan.OVERLAP": plan.OVERLAP,
+        "plan.MEASURE_AT_MOST": plan.MEASURE_AT_MOST,
+        "fit.EXTRAPOLATION_FACTOR": fit.EXTRAPOLATION_FACTOR, "fit.OUTLIER_RATIO": fit.OUTLIER_RATIO,
+        'calibrate.QUICK["budget"]': calibrate.QUICK["budget"],
+        'calibrate.QUICK["sample_cap"]': calibrate.QUICK["sample_cap"],
+        'calibrate.FULL["budget"]': calibrate.FULL["budget"],
+        'calibrate.FULL["sample_cap"]': calibrate.FULL["sample_cap"],
+    }
+    for name, value in stated.items():
+        assert f"| `{name}` | {value:g} |" in page, f"docs/costmodel.md does not state {name} = {value:g}"
+    # the prose quotes them too
+    assert f"`OVERLAP` = {plan.OVERLAP:g} combined relative" in page
+    assert f"**{fit.EXTRAPOLATION_FACTOR:g}x** of the range" in page
+    assert f"more than **{fit.OUTLIER_RATIO:g}x** off the fit" in page
+    assert (f"| budget per solver | {calibrate.QUICK['budget']:g} s | {calibrate.FULL['budget']:g} s |" in page
+            and f"| cap per sample | {calibrate.QUICK['sample_cap']:g} s | {calibrate.FULL['sample_cap']:g} s |"
+            in page)
+    assert f"at most {calibrate.QUICK['budget']:g} s; `crossover calibrate`" in page
 
 
 def test_no_page_says_auto_is_unavailable():

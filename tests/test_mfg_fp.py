@@ -8,6 +8,7 @@ about sqrt(2/pi) * sqrt(2) * integral of that. Tests allow 4x.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -15,11 +16,13 @@ import pytest
 
 import core
 from plugins.mfg import kde
-from plugins.mfg.fp.numba_kernel import solve_numba
+from plugins.mfg.fp.numba_kernel import solve_particles
 from plugins.mfg.fp.reference import solve_numpy
 from plugins.mfg.problem import FPProblem
+from plugins.mfg.specs import FP_PARTICLE
 
-CPU_SOLVERS = {"numpy": solve_numpy, "numba": solve_numba}
+CPU_SOLVERS = {"numpy": solve_numpy, "numba:fused": functools.partial(solve_particles, fused=True),
+               "numba:steps": functools.partial(solve_particles, fused=False)}
 
 
 def noise_l1(m: np.ndarray, h: float, n: int, weights: np.ndarray, independent: int = 2) -> float:
@@ -29,7 +32,7 @@ def noise_l1(m: np.ndarray, h: float, n: int, weights: np.ndarray, independent: 
 
 
 @pytest.mark.parametrize("boundary", ["periodic", "reflecting"])
-@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("backend", list(CPU_SOLVERS))
 def test_binned_kde_conserves_mass(boundary, backend):
     p = FPProblem(N=5_000, Nx=41, Nt=10, boundary=boundary, bandwidth=0.3)  # wide kernel: heavy folding
     out = CPU_SOLVERS[backend](p)
@@ -51,7 +54,7 @@ def ou_problem(n: int) -> tuple[FPProblem, float, float, float]:
     return FPProblem(**{**base.model_fields(), "U": U}), 2 * lam * k, c, sigma
 
 
-@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("backend", list(CPU_SOLVERS))
 def test_ornstein_uhlenbeck_mean_and_variance(backend):
     """U = k (x-c)^2 makes dX = -theta (X - c) dt + sigma dW with theta = 2 lam k."""
     p, theta, c, sigma = ou_problem(40_000)
@@ -92,7 +95,7 @@ def heat_kernel_expectation(p: FPProblem, h: float) -> np.ndarray:
     return kde.smoothing_matrix(h, p.dx, p.Nx, "periodic") @ hats / p.weights()
 
 
-@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("backend", list(CPU_SOLVERS))
 def test_pure_diffusion_matches_the_wrapped_heat_kernel(backend):
     p = FPProblem(preset="towel_beach", N=100_000, Nx=50, Nt=40, T=0.05, sigma=1.0, bandwidth=0.02,
                   m0=np.exp(-0.5 * ((np.arange(50) / 50 - 0.5) / 0.05) ** 2))
@@ -102,15 +105,62 @@ def test_pure_diffusion_matches_the_wrapped_heat_kernel(backend):
     assert l1 < 4 * noise_l1(expected, 0.02, p.N, p.weights(), independent=1) + 0.01  # + EM / interpolation
 
 
-@pytest.mark.parametrize("boundary", ["periodic", "reflecting"])
-def test_numba_agrees_with_numpy_in_distribution(boundary):
-    base = FPProblem(N=60_000, Nx=51, Nt=30, boundary=boundary)
+def driven(boundary: str, n: int, **fields) -> FPProblem:
+    """A problem with a smooth time-dependent drift, so the particles do more than diffuse."""
+    base = FPProblem(N=n, Nx=51, Nt=30, boundary=boundary, **fields)
     U = 0.2 * np.outer(base.T - base.t, np.cos(2 * np.pi * base.x))
-    p = FPProblem(**{**base.model_fields(), "U": U})
-    a, b = solve_numpy(p), solve_numba(p)
+    return FPProblem(**{**base.model_fields(), "U": U})
+
+
+@pytest.mark.parametrize("boundary", ["periodic", "reflecting"])
+@pytest.mark.parametrize("variant", ["numba:fused", "numba:steps"])
+def test_each_cpu_variant_agrees_with_numpy_in_distribution(boundary, variant):
+    """Every CPU implementation the spec offers, called as the core calls it, against the reference."""
+    p = driven(boundary, 60_000)
+    a, b = solve_numpy(p), FP_PARTICLE.implementations[variant](p)
     for n in (0, p.Nt // 2, p.Nt):
         l1 = float(np.sum(np.abs(a["M"][n] - b["M"][n]) * p.weights()))
         assert l1 < 4 * noise_l1(a["M"][n], a["bandwidth"][n], p.N, p.weights())
+
+
+@pytest.mark.parametrize(("fields", "bound"), [({"kde": "direct"}, 0.0), ({"bandwidth": "silverman"}, 0.0)])
+def test_step_by_step_numba_runs_what_the_all_steps_kernel_cannot(fields, bound):
+    p = driven("periodic", 20_000, **fields)
+    a, b = solve_numpy(p), solve_particles(p, fused=False)
+    l1 = float(np.sum(np.abs(a["M"][-1] - b["M"][-1]) * p.weights()))
+    assert l1 < 4 * noise_l1(a["M"][-1], a["bandwidth"][-1], p.N, p.weights()) + bound
+
+
+@pytest.mark.parametrize("fields", [{"kde": "direct"}, {"bandwidth": "silverman"}])
+def test_all_steps_variants_refuse_what_they_cannot_run_whatever_the_size(fields):
+    small, huge = FPProblem(N=100, **fields), FPProblem(N=10**9, Nx=401, Nt=1000, **fields)
+    for variant in ("numba:fused", "torch:fused"):
+        assert FP_PARTICLE.supports(small, variant) and FP_PARTICLE.supports(huge, variant)
+    for variant in ("numpy", "numba:steps", "torch:eager"):
+        assert FP_PARTICLE.supports(small, variant) == ""
+    with pytest.raises(ValueError, match="all-steps numba kernel cannot run"):
+        solve_particles(small, fused=True)
+
+
+def test_a_capable_problem_is_supported_by_the_cpu_variants_at_any_size():
+    # no size rule: what does not fit is the memory estimate's answer, not supports'
+    for n in (10, 10**9):
+        p = FPProblem(N=n, Nx=401, Nt=1000)
+        assert FP_PARTICLE.supports(p, "numba:fused") == "" and FP_PARTICLE.supports(p, "numba:steps") == ""
+    huge = FPProblem(N=10**9, Nx=401, Nt=1000)
+    histograms = FP_PARTICLE.memory(huge, "numba:fused") - FP_PARTICLE.memory(huge, "numba:steps")
+    assert histograms == 8 * -(-10**9 // 4096) * 1001 * 401  # the all-steps kernel's (chunks, steps, Nx) bins
+
+
+def test_features_are_finite_and_grow_with_every_field():
+    base = FPProblem(N=2_000, Nx=51, Nt=20)
+    f0 = FP_PARTICLE.features(base)
+    assert all(math.isfinite(v) and v >= 0 for v in f0.values())
+    for field in ("N", "Nx", "Nt"):
+        bigger = FP_PARTICLE.features(FPProblem(**{"N": 2_000, "Nx": 51, "Nt": 20, field: 4 * getattr(base, field)}))
+        assert sum(bigger.values()) > sum(f0.values()), field
+    direct = FP_PARTICLE.features(FPProblem(N=2_000, Nx=51, Nt=20, kde="direct"))
+    assert direct["kernel_work"] >= 3 * 2_000 * 51 * 21  # one weight per particle, node, image and level
 
 
 def test_direct_kde_reference_matches_the_exact_sum():
@@ -128,10 +178,8 @@ def test_direct_kde_reference_matches_the_exact_sum():
 @pytest.mark.parametrize("fields", [{"N": 20_000, "Nt": 12}, {"N": 4_099, "Nt": 5, "boundary": "reflecting"}])
 def test_numba_all_steps_kernel_equals_the_step_by_step_one(fields):
     # the same additions in the same order: equal bit for bit, odd N (a lone last particle) included
-    from plugins.mfg.fp.numba_kernel import solve_particles
-
     p = FPProblem(**fields)
-    fused, stepwise = solve_particles(p, None, fused=True), solve_particles(p, None, fused=False)
+    fused, stepwise = solve_particles(p, fused=True), solve_particles(p, fused=False)
     for name in ("M", "bandwidth", "moments"):
         assert np.array_equal(fused[name], stepwise[name]), name
 
@@ -150,16 +198,17 @@ def test_numba_starting_state_is_drawn_once_per_seed_and_never_shared():
     assert not np.array_equal(starting_state(unseeded)[0], starting_state(unseeded)[0])
 
 
-def test_numba_is_independent_of_thread_count():
+@pytest.mark.parametrize("fused", [True, False])
+def test_numba_is_independent_of_thread_count(fused):
     import numba
 
     p = FPProblem(N=20_000, Nt=10)
     before = numba.get_num_threads()
     try:
         numba.set_num_threads(1)
-        one = solve_numba(p)["M"]
+        one = solve_particles(p, fused=fused)["M"]
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
-        many = solve_numba(p)["M"]
+        many = solve_particles(p, fused=fused)["M"]
     finally:
         numba.set_num_threads(before)
     assert np.allclose(one, many, rtol=0, atol=1e-12)

@@ -16,7 +16,7 @@ import pytest
 
 from core.errors import ProblemError
 from plugins.mfg.hjb.numba_kernel import solve_numba
-from plugins.mfg.hjb.reference import cyclic_thomas, features, memory, newton_summary, solve_numpy, thomas
+from plugins.mfg.hjb.reference import cyclic_thomas, newton_summary, solve_numpy, thomas
 from plugins.mfg.problem import HJBProblem
 
 SIGMA, LAM, T = 0.5, 1.0, 1.0
@@ -105,10 +105,12 @@ def test_newton_reports_non_convergence():
 
 
 def test_features_and_memory():
+    from plugins.mfg.specs import HJB_FDM
+
     problem = HJBProblem(Nx=101, Nt=100)
-    assert features(problem) == {"grid_steps": 101 * 100}
-    for backend in ("numpy", "numba", "torch"):
-        assert memory(problem, backend) >= 4 * 8 * 101 * 101
+    assert HJB_FDM.features(problem) == {"grid_steps": 101 * 100, "steps": 100}
+    for backend in HJB_FDM.implementations:
+        assert HJB_FDM.memory(problem, backend) >= 4 * 8 * 101 * 101
 
 
 @pytest.mark.parametrize("bad, shown", [

@@ -1,4 +1,4 @@
-"""The process backend's contract: order, seeds, shared memory, crashes."""
+"""The process backend's contract: order, seeds, shared memory, crashes, streaming, start."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from core import TaskFailedError, WorkerCrashedError
 from core.backends import process_pool
-from core.tasks import run_serially
+from core.seeded_tasks import run_serially
 
 
 def test_results_come_back_in_submission_order():
@@ -96,3 +96,62 @@ def test_an_unreadable_lending_switch_is_named(monkeypatch):
 
 def test_empty_task_list():
     assert process_pool.map_tasks(pt.square_after_sleep, [], workers=1) == []
+
+
+def test_results_stream_in_completion_order_and_return_in_task_order():
+    # task 0 outlives tasks 1 and 2, which run one after the other on the second worker
+    process_pool.start_pool(workers=2)  # both workers up, so neither waits for a process to start
+    seen = []
+    results = process_pool.map_tasks(pt.square_after_sleep, [(0, 1.0), (1, 0.0), (2, 0.0)], workers=2,
+                                     on_result=lambda i, r: seen.append((i, r)))
+    assert results == [0, 1, 4]
+    assert seen == [(1, 1), (2, 4), (0, 0)]
+
+
+def test_crash_and_failure_stream_only_finished_results():
+    seen = []
+    with pytest.raises(TaskFailedError) as caught:
+        process_pool.map_tasks(pt.raise_on, [(i, 1) for i in range(3)], workers=2,
+                               on_result=lambda i, r: seen.append(i))
+    assert sorted(seen) == [0, 2] and caught.value.partial_results == [0, None, 2]
+    seen.clear()
+    with pytest.raises(WorkerCrashedError) as crashed:
+        process_pool.map_tasks(pt.die_on, [(i, 2) for i in range(4)], workers=2,
+                               on_result=lambda i, r: seen.append(i))
+    kept = [i for i, r in enumerate(crashed.value.partial_results) if r is not None]
+    assert sorted(seen) == kept and 2 not in seen
+
+
+def test_a_failing_result_callback_stops_the_map_cleanly():
+    def stop(index, result):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        process_pool.map_tasks(pt.square_after_sleep, [(i, 0.05) for i in range(6)], workers=2, on_result=stop)
+    assert process_pool.map_tasks(pt.square_after_sleep, [(5, 0)], workers=2) == [25]  # the pool still works
+
+
+def test_start_brings_every_worker_up_once():
+    process_pool.shutdown()
+    process_pool.start_pool(workers=2)
+    executor = process_pool.get_executor(2)
+    # the executor's own table of worker processes (private, but it is what "every worker is up" means)
+    started = {p.pid for p in executor._processes.values()}
+    assert len(started) == 2
+    process_pool.start_pool(workers=2)  # already up: nothing new starts
+    pids = process_pool.map_tasks(pt.pid_after_sleep, [0.3, 0.3], workers=2)
+    assert set(pids) == started
+    assert process_pool.BACKEND.start is process_pool.start_pool
+
+
+def test_workers_are_marked_as_pool_workers():
+    import os
+
+    assert process_pool.map_tasks(pt.pool_worker_flag, [0, 1], workers=2) == ["1", "1"]
+    assert os.environ.get("CROSSOVER_POOL_WORKER") is None
+
+
+def test_backend_record_offers_the_map_and_its_parallelism(monkeypatch):
+    assert process_pool.BACKEND.map is process_pool.map_tasks
+    monkeypatch.setenv("CROSSOVER_WORKERS", "3")
+    assert process_pool.BACKEND.parallelism() == 3

@@ -9,7 +9,8 @@ import textwrap
 
 import pytest
 
-from core.costmodel import history as timings, store as wisdom
+from core.costmodel import history as timings
+from core.costmodel import store as wisdom
 
 WRITER = textwrap.dedent("""
     import sys

@@ -114,6 +114,10 @@ def start_pool(workers: int | None = None) -> None:
         futures = [executor.submit(_check_in, i, marker.name, count) for i in range(count)]
         for future in futures:
             future.result()
+    except BrokenProcessPool as exc:
+        shutdown()
+        raise WorkerCrashedError(f"a worker process died while the pool of {count} was starting: {exc}",
+                                 -1, []) from exc
     finally:
         _release([marker])
     _started = executor
