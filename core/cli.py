@@ -273,7 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("solvers", nargs="*", metavar="SOLVER", help="default: every registered solver")
     mode = calibrate.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="small designed set, 25 s budget per solver (default)")
-    mode.add_argument("--full", action="store_true", help="larger designed set over the full space, 600 s budget per solver")
+    mode.add_argument("--full", action="store_true",
+                      help="larger designed set over the full space, 600 s budget per solver")
     calibrate.add_argument("--budget", type=float, metavar="SECONDS", help="total seconds per solver")
 
     plan = commands.add_parser("plan", parents=[common], help="show which backend auto-selection picks and why")

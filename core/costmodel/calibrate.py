@@ -140,8 +140,12 @@ def calibrate_solver(spec: SolverSpec, *, quick: bool = True, budget: float | No
     try:
         for climb in climbs:
             was_paid = history.is_paid(spec, climb.row.backend, design[0])
-            climb.row.start_seconds = history.start_backend(get_registry().backends[backend_of(climb.row.backend)])
             climb.row.one_off_seconds = None if was_paid else 0.0  # set by the first warm-up below
+            try:
+                climb.row.start_seconds = history.start_backend(
+                    get_registry().backends[backend_of(climb.row.backend)])
+            except CrossoverError as exc:  # one backend that cannot start must not stop the others
+                climb.row.stopped, climb.done = f"failed to start: {exc}", True
         first_run = {climb.row.backend: climb.row.one_off_seconds is not None for climb in climbs}
         for problem in design:
             for climb in climbs:

@@ -193,7 +193,11 @@ def start_backend(backend: Backend) -> float | None:
     if backend.start is None:
         return None
     began = time.perf_counter()
-    backend.start()
+    try:
+        backend.start()
+    except BaseException:
+        _started.discard(backend.name)  # not started: the next run tries again
+        raise
     seconds = time.perf_counter() - began
     record_start(backend.name, seconds)
     return seconds
