@@ -39,9 +39,11 @@ def test_a_good_spec_passes():
 
 @pytest.mark.parametrize(("changes", "message"), [
     ({"features": lambda p: {"n": math.nan}},
-     "plugin 'tp': solver 'thirdparty.job' feature 'n'=nan at the default problem is invalid: must be a finite number >= 0"),
+     "plugin 'tp': solver 'thirdparty.job' feature 'n'=nan at the default problem is invalid: "
+     "must be a finite number >= 0"),
     ({"features": lambda p: {"n": -1.0}},
-     "plugin 'tp': solver 'thirdparty.job' feature 'n'=-1.0 at the default problem is invalid: must be a finite number >= 0"),
+     "plugin 'tp': solver 'thirdparty.job' feature 'n'=-1.0 at the default problem is invalid: "
+     "must be a finite number >= 0"),
     ({"features": lambda p: [1.0]},
      "plugin 'tp': solver 'thirdparty.job' features() must return a non-empty mapping of name -> number, got list"),
     ({"space": None},

@@ -1,59 +1,45 @@
-"""The SolverSpec of each MFG solver: implementations, features, ladders, memory.
+"""The SolverSpec of each MFG solver: implementations, size spaces, features, memory.
 
-Implementations import their backend modules on first use, so listing the
-solvers costs neither numba's nor torch's import.
+Every implementation is a :class:`core.solver.lazy` binding, so listing the
+solvers costs neither numba's nor torch's import. Variants of one device
+(``numba:fused`` and ``numba:steps``, ``torch:hjb_host`` and
+``torch:hjb_device``) are separate implementations that the cost model
+measures and chooses between; what a variant cannot run at all is its
+``supports`` answer, what does not fit is its memory estimate. No size rule
+picks between them here.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from core import SolverSpec
-from plugins.mfg.problem import CommonNoiseProblem, FPProblem, HJBProblem, MFGProblem
+from core.solver import SizeSpace, SolverSpec, lazy
+from plugins.mfg import work
+from plugins.mfg.fp.common import all_steps_unsupported
+from plugins.mfg.fp.torch_kernel import fused_unsupported
+from plugins.mfg.problem import PRESETS, CommonNoiseProblem, FPProblem, HJBProblem, MFGProblem
+
+# every calibration problem of a coupled solver runs exactly max_iter Picard iterations (see plugins.mfg.work)
+RUN_EVERY_ITERATION = {"rtol": 0.0, "atol": 0.0}
 
 # -- mfg.fp_particle ---------------------------------------------------------------
 
 
-def _fp_numpy(problem: FPProblem):
-    from plugins.mfg.fp.reference import solve_numpy
-
-    return solve_numpy(problem)
-
-
-def _fp_numba(problem: FPProblem):
-    from plugins.mfg.fp.numba_kernel import solve_numba
-
-    return solve_numba(problem)
+def fp_space(quick: bool) -> SizeSpace:
+    # the quick top keeps the numpy reference near 0.3 s a sample on a 2-core machine
+    if quick:
+        return SizeSpace(ranges={"N": (500, 50_000), "Nx": (21, 201), "Nt": (5, 100)},
+                         choices={"preset": list(PRESETS)})
+    return SizeSpace(ranges={"N": (500, 2_000_000), "Nx": (21, 401), "Nt": (5, 200)},
+                     choices={"preset": list(PRESETS)})
 
 
-def _fp_torch(problem: FPProblem):
-    from plugins.mfg.fp.torch_kernel import solve_torch
-
-    return solve_torch(problem)
-
-
-def fp_features(problem: FPProblem) -> dict[str, float]:
-    steps = problem.Nt + 1
-    direct = problem.kde == "direct"
-    return {"particle_steps": float(problem.N * steps), "grid_steps": float(problem.Nx * steps),
-            "direct_kde_work": float(problem.N * problem.Nx * steps) if direct else 0.0}
-
-
-def fp_ladder(quick: bool) -> list[FPProblem]:
-    sizes = [1_000, 4_000, 16_000, 64_000, 256_000] if quick else [1_000 * 4**k for k in range(9)]
-    return [FPProblem(N=n, Nx=51, Nt=50, seed=k) for k, n in enumerate(sizes)]
-
-
-def fp_memory(problem: FPProblem, backend: str) -> float:
-    grid = 8.0 * (problem.Nt + 1) * problem.Nx
-    if backend == "torch":
-        return 12.0 * problem.N + 4.0 * (problem.Nt + 1) * 128 * problem.Nx + 4 * grid
-    if backend == "numba":
-        from plugins.mfg.fp.numba_kernel import all_steps_bytes, runs_all_steps
-
-        histograms = all_steps_bytes(problem) if runs_all_steps(problem) else 0
-        return 24.0 * problem.N + 3 * grid + histograms
-    return 64.0 * problem.N + 3 * grid  # numpy temporaries
+def fp_supports(problem: FPProblem, implementation: str) -> str:
+    if implementation == "numba:fused":
+        return all_steps_unsupported(problem)
+    if implementation == "torch:fused":
+        return fused_unsupported(problem)
+    return ""
 
 
 def fp_summary(problem: FPProblem, outputs) -> str:
@@ -67,11 +53,18 @@ def fp_summary(problem: FPProblem, outputs) -> str:
 FP_PARTICLE = SolverSpec(
     name="mfg.fp_particle",
     problem_type=FPProblem,
-    implementations={"numpy": _fp_numpy, "numba": _fp_numba, "torch": _fp_torch},
-    features=fp_features,
+    implementations={
+        "numpy": lazy("plugins.mfg.fp.reference", "solve_numpy"),
+        "numba:fused": lazy("plugins.mfg.fp.numba_kernel", "solve_particles", fused=True),
+        "numba:steps": lazy("plugins.mfg.fp.numba_kernel", "solve_particles", fused=False),
+        "torch:fused": lazy("plugins.mfg.fp.torch_kernel", "solve_torch", fused=True),
+        "torch:eager": lazy("plugins.mfg.fp.torch_kernel", "solve_torch", fused=False),
+    },
+    features=work.fp_features,
     size_axis="N",
-    ladder=fp_ladder,
-    memory=fp_memory,
+    space=fp_space,
+    supports=fp_supports,
+    memory=work.fp_memory,
     default_problem=lambda: FPProblem(N=50_000),
     default_params=lambda: {"N": 50_000},
     summarize=fp_summary,
@@ -82,32 +75,10 @@ FP_PARTICLE = SolverSpec(
 # -- mfg.hjb_fdm ---------------------------------------------------------------------
 
 
-def _hjb(backend: str):
-    def solve(problem: HJBProblem):
-        if backend == "numpy":
-            from plugins.mfg.hjb.reference import solve_numpy as run
-        elif backend == "numba":
-            from plugins.mfg.hjb.numba_kernel import solve_numba as run
-        else:
-            from plugins.mfg.hjb.torch_kernel import solve_torch as run
-        return run(problem)
-
-    return solve
-
-
-def hjb_features(problem: HJBProblem) -> dict[str, float]:
-    return {"grid_steps": float(problem.Nx * problem.Nt), "steps": float(problem.Nt)}
-
-
-def hjb_ladder(quick: bool) -> list[HJBProblem]:
-    sizes = [25, 50, 100, 200] if quick else [25, 50, 100, 200, 400, 800]
-    return [HJBProblem(Nx=n, Nt=n) for n in sizes]
-
-
-def hjb_memory(problem: HJBProblem, backend: str) -> float:
-    from plugins.mfg.hjb.reference import memory
-
-    return memory(problem, backend)
+def hjb_space(quick: bool) -> SizeSpace:
+    if quick:
+        return SizeSpace(ranges={"Nx": (21, 201), "Nt": (10, 100)}, choices={"preset": list(PRESETS)})
+    return SizeSpace(ranges={"Nx": (21, 801), "Nt": (10, 400)}, choices={"preset": list(PRESETS)})
 
 
 def hjb_summary(problem: HJBProblem, outputs) -> str:
@@ -119,11 +90,15 @@ def hjb_summary(problem: HJBProblem, outputs) -> str:
 HJB_FDM = SolverSpec(
     name="mfg.hjb_fdm",
     problem_type=HJBProblem,
-    implementations={name: _hjb(name) for name in ("numpy", "numba", "torch")},
-    features=hjb_features,
+    implementations={
+        "numpy": lazy("plugins.mfg.hjb.reference", "solve_numpy"),
+        "numba": lazy("plugins.mfg.hjb.numba_kernel", "solve_numba"),
+        "torch": lazy("plugins.mfg.hjb.torch_kernel", "solve_torch"),
+    },
+    features=work.hjb_features,
     size_axis="Nx",
-    ladder=hjb_ladder,
-    memory=hjb_memory,
+    space=hjb_space,
+    memory=work.hjb_memory,
     default_problem=lambda: HJBProblem(Nx=101, Nt=100),
     default_params=lambda: {"Nx": 101, "Nt": 100},
     summarize=hjb_summary,
@@ -133,26 +108,12 @@ HJB_FDM = SolverSpec(
 # -- mfg.fixed_point -----------------------------------------------------------------
 
 
-def _fixed_point(backend: str):
-    def solve(problem: MFGProblem):
-        from plugins.mfg.coupling import solve_with
-
-        return solve_with(backend)(problem)
-
-    return solve
-
-
-def coupled_features(problem: MFGProblem) -> dict[str, float]:
-    return {"particle_steps": float(problem.N * problem.Nt), "grid_steps": float(problem.Nx * problem.Nt)}
-
-
-def fixed_point_ladder(quick: bool) -> list[MFGProblem]:
-    sizes = [1_000, 3_000, 10_000, 30_000] if quick else [1_000, 3_000, 10_000, 30_000, 100_000, 300_000]
-    return [MFGProblem(preset="lq", N=n, Nt=30) for n in sizes]
-
-
-def coupled_memory(problem: MFGProblem, backend: str) -> float:
-    return fp_memory(FPProblem(**problem.model_fields()), backend) + 16.0 * (problem.Nt + 1) * problem.Nx
+def fixed_point_space(quick: bool) -> SizeSpace:
+    if quick:
+        return SizeSpace(ranges={"N": (500, 20_000), "Nx": (21, 101), "Nt": (5, 40), "max_iter": (2, 8)},
+                         choices={"preset": list(PRESETS)}, fixed=RUN_EVERY_ITERATION)
+    return SizeSpace(ranges={"N": (500, 300_000), "Nx": (21, 201), "Nt": (5, 100), "max_iter": (2, 20)},
+                     choices={"preset": list(PRESETS)}, fixed=RUN_EVERY_ITERATION)
 
 
 def fixed_point_summary(problem: MFGProblem, outputs) -> str:
@@ -165,11 +126,16 @@ def fixed_point_summary(problem: MFGProblem, outputs) -> str:
 FIXED_POINT = SolverSpec(
     name="mfg.fixed_point",
     problem_type=MFGProblem,
-    implementations={name: _fixed_point(name) for name in ("numpy", "numba", "torch")},
-    features=coupled_features,
+    implementations={
+        "numpy": lazy("plugins.mfg.coupling", "solve_fixed_point", steps="numpy"),
+        "numba": lazy("plugins.mfg.coupling", "solve_fixed_point", steps="numba"),
+        "torch:hjb_host": lazy("plugins.mfg.coupling", "solve_fixed_point", steps="torch:hjb_host"),
+        "torch:hjb_device": lazy("plugins.mfg.coupling", "solve_fixed_point", steps="torch:hjb_device"),
+    },
+    features=work.fixed_point_features,
     size_axis="N",
-    ladder=fixed_point_ladder,
-    memory=coupled_memory,
+    space=fixed_point_space,
+    memory=work.fixed_point_memory,
     default_problem=lambda: MFGProblem(N=20_000),
     default_params=lambda: {"N": 20_000},
     summarize=fixed_point_summary,
@@ -179,32 +145,12 @@ FIXED_POINT = SolverSpec(
 # -- mfg.common_noise ----------------------------------------------------------------
 
 
-def _common_noise(backend: str):
-    def solve(problem: CommonNoiseProblem):
-        from plugins.mfg import common_noise
-
-        if backend == "process":
-            return common_noise.solve_process(problem)
-        if backend == "torch":
-            return common_noise.solve_torch(problem)
-        return common_noise.solve_serial(problem, backend)
-
-    return solve
-
-
-def common_noise_features(problem: CommonNoiseProblem) -> dict[str, float]:
-    return {"path_particle_steps": float(problem.K * problem.N * problem.Nt),
-            "path_grid_steps": float(problem.K * problem.Nx * problem.Nt), "paths": float(problem.K)}
-
-
-def common_noise_ladder(quick: bool) -> list[CommonNoiseProblem]:
-    sizes = [1, 2, 4, 8] if quick else [1, 2, 4, 8, 16, 32, 64]
-    return [CommonNoiseProblem(preset="lq", K=k, N=2_000, Nt=20, seed=k) for k in sizes]
-
-
-def common_noise_memory(problem: CommonNoiseProblem, backend: str) -> float:
-    per_path = coupled_memory(problem, backend) + 32.0 * (problem.Nt + 1) * problem.Nx
-    return per_path * (problem.K if backend == "torch" else 1) + 16.0 * problem.K * (problem.Nt + 1) * problem.Nx
+def common_noise_space(quick: bool) -> SizeSpace:
+    if quick:
+        return SizeSpace(ranges={"K": (1, 8), "N": (300, 5_000), "Nx": (21, 61), "Nt": (5, 30), "max_iter": (2, 5)},
+                         choices={"preset": list(PRESETS)}, fixed=RUN_EVERY_ITERATION)
+    return SizeSpace(ranges={"K": (1, 64), "N": (300, 50_000), "Nx": (21, 101), "Nt": (5, 60), "max_iter": (2, 10)},
+                     choices={"preset": list(PRESETS)}, fixed=RUN_EVERY_ITERATION)
 
 
 def common_noise_summary(problem: CommonNoiseProblem, outputs) -> str:
@@ -216,11 +162,19 @@ def common_noise_summary(problem: CommonNoiseProblem, outputs) -> str:
 COMMON_NOISE = SolverSpec(
     name="mfg.common_noise",
     problem_type=CommonNoiseProblem,
-    implementations={name: _common_noise(name) for name in ("numpy", "numba", "process", "torch")},
-    features=common_noise_features,
+    implementations={
+        "numpy": lazy("plugins.mfg.common_noise", "solve_serial", steps="numpy"),
+        "numba": lazy("plugins.mfg.common_noise", "solve_serial", steps="numba"),
+        "torch:hjb_host": lazy("plugins.mfg.common_noise", "solve_torch", hjb_device=False),
+        "torch:hjb_device": lazy("plugins.mfg.common_noise", "solve_torch", hjb_device=True),
+    },
+    parallel=lazy("plugins.mfg.common_noise", "solve_parallel"),
+    parallel_tasks=lambda problem: float(problem.K),
+    span_feature="path_particle_steps",
+    features=work.common_noise_features,
     size_axis="K",
-    ladder=common_noise_ladder,
-    memory=common_noise_memory,
+    space=common_noise_space,
+    memory=work.common_noise_memory,
     default_problem=lambda: CommonNoiseProblem(preset="lq", K=8, N=5_000),
     default_params=lambda: {"preset": "lq", "K": 8, "N": 5_000},
     summarize=common_noise_summary,

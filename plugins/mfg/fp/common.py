@@ -5,9 +5,6 @@ backend interpolates it linearly at the particles. Initial positions are
 drawn from ``m0`` read as a piecewise-constant density on the cells around
 the nodes (half cells at reflecting walls), so every backend starts from the
 same law.
-
-The GPU layout constants live here, below both GPU modules, because the torch
-eager path and the Triton kernel must fill the same slotted histogram.
 """
 
 from __future__ import annotations
@@ -15,9 +12,6 @@ from __future__ import annotations
 import numpy as np
 
 from plugins.mfg.problem import MFGModel
-
-SLOTS = 128  # private histogram copies per time step on the GPU: spreads the atomic adds on busy bins
-BLOCK = 1024  # particles per Triton program
 
 
 def all_steps_unsupported(problem: MFGModel) -> str:

@@ -11,8 +11,8 @@ that the cost model measures and chooses between:
   registers, into (chunks, steps, Nx) histograms. The particles cross
   memory once per solve instead of once per step and Python is entered once
   instead of Nt times, at the price of holding every step's histograms
-  (see :func:`all_steps_bytes`, which the memory estimate counts). It
-  cannot run the direct KDE or Silverman's rule
+  (:func:`plugins.mfg.fp.layout.all_steps_bytes`, which the memory
+  estimate counts). It cannot run the direct KDE or Silverman's rule
   (:func:`plugins.mfg.fp.common.all_steps_unsupported`).
 - the step-by-step kernel (``fused=False``): one call per step; it runs
   every problem.
@@ -33,24 +33,11 @@ from numba import prange
 from core.backends.numba_random import normal_pair, stream_keys
 from core.backends.numba_threads import jit, use_idle_cores
 from plugins.mfg import kde
+from plugins.mfg.fp import layout
 from plugins.mfg.fp.common import all_steps_unsupported, drift_table, initial_positions
 from plugins.mfg.problem import MFGModel
 
 _PERIODIC, _REFLECTING = 0, 1
-
-
-def chunk_size(n: int) -> int:
-    """Particles per private histogram: even, so pairs never straddle chunks.
-
-    At least 64 chunks when N allows (so that extra threads lent to a
-    running task have work to share), at least 512 particles each (so that a
-    chunk's zeroing and merging stay small next to its particles), at most
-    4096 (the fixed size the large-N throughput in docs/mfg.md was measured
-    with). The chunking depends on N only, so results do not depend on the
-    thread count.
-    """
-    size = min(max(-(-n // 64), 512), 4096)
-    return size + size % 2
 
 
 @jit(error_model="numpy")
@@ -194,11 +181,6 @@ def starting_state(problem) -> tuple[np.ndarray, np.ndarray]:
     return positions, states
 
 
-def all_steps_bytes(problem) -> int:
-    """Memory of the all-steps kernel's (chunks, steps, Nx) histograms."""
-    return 8 * -(-problem.N // chunk_size(problem.N)) * (problem.Nt + 1) * problem.Nx
-
-
 def solve_particles(problem, U: np.ndarray | None = None, *, fused: bool) -> dict[str, np.ndarray]:
     """M (Nt+1, Nx) from particles driven by ``U`` (default: the problem's own U).
 
@@ -212,8 +194,8 @@ def solve_particles(problem, U: np.ndarray | None = None, *, fused: bool) -> dic
     use_idle_cores()  # in a pool task (common noise, sweeps): the idle workers' cores, if any
     positions, states = starting_state(problem)
     drift = drift_table(problem, U)
-    chunk = chunk_size(problem.N)
-    chunks = -(-problem.N // chunk)
+    chunk = layout.chunk_size(problem.N)
+    chunks = layout.chunks(problem.N)
     boundary = _PERIODIC if problem.boundary == "periodic" else _REFLECTING
     noise = problem.sigma * math.sqrt(problem.dt)
     steps = problem.Nt + 1

@@ -26,7 +26,8 @@ import math
 import numpy as np
 
 from plugins.mfg import kde
-from plugins.mfg.fp.common import SLOTS, all_steps_unsupported, cells, drift_table
+from plugins.mfg.fp.common import all_steps_unsupported, cells, drift_table
+from plugins.mfg.fp.layout import SLOTS
 
 
 def _torch():
@@ -59,7 +60,7 @@ def smooth(problem, mass, bandwidths):
     the grid, normalised to sum one, folded at the boundary (mass exact).
     """
     torch = _torch()
-    half = max(1, int(math.ceil(kde.TRUNCATION * float(bandwidths.max()) / problem.dx)))  # one sync, at the end
+    half = kde.half_width(float(bandwidths.max()), problem.dx)  # one sync, at the end
     offsets, targets = _fold_targets(problem, half)
     offsets = torch.as_tensor(offsets * problem.dx, device=mass.device, dtype=mass.dtype)
     kernel = torch.exp(-0.5 * (offsets[None, :] / bandwidths[:, None]) ** 2)

@@ -3,7 +3,7 @@
 Positions live in registers from the first step to the last; the only
 memory traffic per step is the drift row (Nx floats, cached) and the
 atomic deposits into this program's histogram slot. The slotted layout is
-shared with the torch eager path through :mod:`plugins.mfg.fp.common`.
+shared with the torch eager path through :mod:`plugins.mfg.fp.layout`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from plugins.mfg.fp.common import BLOCK, SLOTS
+from plugins.mfg.fp.layout import BLOCK, SLOTS
 
 
 @triton.jit

@@ -162,21 +162,3 @@ def newton_summary(outputs: dict) -> dict:
     """The worst Newton iteration count over the steps, and whether every step converged."""
     return {"newton_iterations_max": int(np.max(outputs["newton_iterations"], initial=0)),
             "newton_converged": bool(np.all(outputs["converged"]))}
-
-
-def features(problem: HJBProblem) -> dict[str, float]:
-    return {"grid_steps": float(problem.Nx * problem.Nt)}
-
-
-def memory(problem: HJBProblem, backend: str) -> float:
-    """Bytes: the inputs and output on the space-time grid (M, V, f(M), U), plus per-step work arrays.
-
-    torch holds K=1 of each on the device plus the per-iteration temporaries
-    of the batched Thomas sweep; numpy and numba hold about a dozen vectors
-    of Nx per step.
-    """
-    grid = 8.0 * (problem.Nt + 1) * problem.Nx
-    per_step = 8.0 * problem.Nx
-    if backend == "torch":
-        return 4 * grid + 40 * per_step
-    return 4 * grid + 20 * per_step
