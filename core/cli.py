@@ -25,7 +25,8 @@ import core
 from core.costmodel.store import WisdomWarning
 from core.errors import CrossoverError, PluginError, PluginWarning, TaskFailedError
 from core.registry import get_registry, get_solver
-from core.solver import problem_from_params
+from core.running import implementations
+from core.solver import backend_of, problem_from_params
 from core.validation import env_flag
 
 USER_ERROR, FAULT = 2, 1
@@ -130,10 +131,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     statuses = core.backends(describe=False)
     for name, spec in core.solvers().items():
         problem = spec.default_problem()
-        for backend in spec.backends:
-            status = statuses.get(backend)
-            if status is None or not status.available:
-                reason = status.reason if status else "backend not registered"
+        for backend in implementations(spec):
+            status = statuses.get(backend_of(backend))
+            reason = (status.reason if status else "backend not registered") if not (status and status.available) \
+                else spec.supports(problem, backend)
+            if reason:
                 table.add_row(name, backend, "-", "-", f"[dim]skipped: {escape(reason)}[/dim]")
                 payload.append({"solver": name, "backend": backend, "skipped": reason})
                 continue

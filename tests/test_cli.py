@@ -110,7 +110,7 @@ def test_calibrate_plan_report_evaluate(capsys, tmp_path, synthetic_cli):
     paths = run_json(capsys, "report", "synthetic.work", "-o", str(tmp_path / "report"))
     assert sorted(p.rsplit("/", 1)[1] for p in paths) == ["synthetic.work.md", "synthetic.work.png"]
     assert (tmp_path / "report" / "synthetic.work.png").read_bytes()[:4] == b"\x89PNG"
-    assert "| backend | intercept s" in (tmp_path / "report" / "synthetic.work.md").read_text()
+    assert "| implementation | intercept s" in (tmp_path / "report" / "synthetic.work.md").read_text()
 
     evaluation = run_json(capsys, "evaluate", "synthetic.work")
     assert len(evaluation["rows"]) == 5  # 3 midpoints of a 4-rung ladder, then 2x and 4x its top
