@@ -235,17 +235,21 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     report = evaluate(get_solver(args.solver).name, quick=not args.full, count=args.count, seed=args.seed)
     backends = sorted({b for row in report.rows for b in row.seconds})
     table = Table(title=f"evaluate {report.solver}: held-out problems, seconds per solve")
-    for column in ("problem", *backends, "chosen", "best", "regret"):
+    for column in ("problem", *backends, "model's pick", "best", "regret", "auto (measures when unsure)",
+                   "auto regret"):
         table.add_column(column)
     for row in report.rows:
         problem = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.params.items())
         table.add_row(escape(problem), *[f"{row.seconds[b]:.4g}" if b in row.seconds else "-" for b in backends],
-                      row.chosen, row.best, f"{row.regret:.1%}" + ("" if row.confident else " (would measure)"))
+                      row.chosen, row.best, f"{row.regret:.1%}", row.auto + ("" if row.confident else " (measured)"),
+                      f"{row.auto_regret:.1%}")
     worst = [f"worst: {row.regret:.1%} at {row.params}: chose {row.chosen}, {row.best} was fastest"
              for row in report.worst(3) if row.regret > 0]
     _emit(args, report.to_dict(), table, *worst,
           f"median regret {report.median_regret:.1%}, maximum regret {report.max_regret:.1%} "
-          f"over {len(report.rows)} held-out problems")
+          f"over {len(report.rows)} held-out problems (the models' pick, no measuring)",
+          f"auto, measuring when unsure: median regret {report.median_auto_regret:.1%}, "
+          f"maximum regret {report.max_auto_regret:.1%}")
     return 0
 
 

@@ -38,6 +38,7 @@ class Plan:
     break_even: tuple = ()
     # not confident, and the problem will run again: time these candidates once on it
     measure: tuple[str, ...] = ()
+    close: tuple[str, ...] = ()  # the candidates whose predictions overlap the best's within their errors
     expected_calls: float = 1.0
     confident: bool = True
 
@@ -48,6 +49,7 @@ class Plan:
             "reason": self.reason,
             "confident": self.confident,
             "measure": list(self.measure),
+            "close": list(self.close),
             "expected_calls": self.expected_calls,
             "predictions": {k: vars(v) for k, v in self.predictions.items()},
             "excluded": dict(self.excluded),

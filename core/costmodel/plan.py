@@ -161,14 +161,14 @@ def plan(problem: Any, *, solver: str | None = None, expected_calls: float | Non
     if not candidates:
         reasons = "; ".join(f"{b}: {why}" for b, why in excluded.items()) or "no backends"
         raise AutoSelectionError(f"no backend can run {spec.name} here ({reasons})")
-    chosen, reason, confident, to_measure = _decide(candidates, calls, margin)
+    chosen, reason, confident, to_measure, close = _decide(candidates, calls, margin)
     thresholds = ()
     if explain:
         runnable = {k: m for k, m in models.items() if not excluded.get(k, "").startswith(("unavailable", "unsupp"))}
         free = {k: backends[backend_of(k)].free_memory() for k in runnable}
         thresholds = tuple(break_even(spec, problem, runnable, free))
     return Plan(solver=spec.name, backend=chosen, reason=reason, predictions=predictions, excluded=excluded,
-                break_even=thresholds, measure=to_measure, expected_calls=calls, confident=confident)
+                break_even=thresholds, measure=to_measure, close=close, expected_calls=calls, confident=confident)
 
 
 def _margins(candidates: Mapping[str, _Candidate], best: str, margin: float | None) -> dict[str, float]:
@@ -179,7 +179,7 @@ def _margins(candidates: Mapping[str, _Candidate], best: str, margin: float | No
 
 
 def _decide(candidates: Mapping[str, _Candidate], calls: float,
-            margin: float | None) -> tuple[str, str, bool, tuple[str, ...]]:
+            margin: float | None) -> tuple[str, str, bool, tuple[str, ...], tuple[str, ...]]:
     costs = {k: c.cost for k, c in candidates.items()}
     best = min(costs, key=costs.get)
     margins = _margins(candidates, best, margin)
@@ -206,7 +206,7 @@ def _decide(candidates: Mapping[str, _Candidate], calls: float,
             reason += f"; not confident ({why}): measuring {', '.join(to_measure)} once on this problem"
         else:
             reason += f"; not confident ({why})"
-    return chosen, reason, confident, to_measure
+    return chosen, reason, confident, to_measure, tuple(close)
 
 
 # -- break-even along the size axis ---------------------------------------------------
