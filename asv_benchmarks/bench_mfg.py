@@ -10,31 +10,34 @@ from __future__ import annotations
 
 import core
 from core.costmodel.calibrate import median_seconds
+from core.solver import backend_of
 from plugins.mfg.problem import FPProblem, MFGProblem
 
-BACKENDS = ["numpy", "numba", "torch"]
+# every implementation key: variants of one device are timed side by side, as calibration sees them
+FP_IMPLEMENTATIONS = ["numpy", "numba:fused", "numba:steps", "torch:fused", "torch:eager"]
+FIXED_POINT_IMPLEMENTATIONS = ["numpy", "numba", "torch:hjb_host", "torch:hjb_device"]
 
 
-def _skip_unavailable(backend: str) -> None:
-    status = core.availability(backend)
+def _skip_unavailable(implementation: str) -> None:
+    status = core.availability(backend_of(implementation))
     if not status.available:
-        raise NotImplementedError(f"backend {backend!r} is unavailable here: {status.reason}")
+        raise NotImplementedError(f"backend {backend_of(implementation)!r} is unavailable here: {status.reason}")
 
 
 class FPSolve:
-    """Steady-state seconds of the FP acceptance problem on each backend (binned KDE)."""
+    """Steady-state seconds of the FP acceptance problem on each implementation (binned KDE)."""
 
-    params = (BACKENDS,)
-    param_names = ("backend",)
+    params = (FP_IMPLEMENTATIONS,)
+    param_names = ("implementation",)
     timeout = 300
 
-    def setup(self, backend: str) -> None:
-        _skip_unavailable(backend)
+    def setup(self, implementation: str) -> None:
+        _skip_unavailable(implementation)
         self.problem = FPProblem(N=50_000, Nx=51, Nt=50)
-        core.solve(self.problem, backend=backend)  # warm-up: JIT, CUDA context, Triton compile
+        core.solve(self.problem, backend=implementation)  # warm-up: JIT, CUDA context, Triton compile
 
-    def time_fp_solve(self, backend: str) -> None:
-        core.solve(self.problem, backend=backend)
+    def time_fp_solve(self, implementation: str) -> None:
+        core.solve(self.problem, backend=implementation)
 
 
 class FPSpeedup:
@@ -55,16 +58,17 @@ class FPSpeedup:
 class FixedPoint:
     """Seconds of the coupled MFG on the lq preset (20,000 particles)."""
 
-    params = (["numpy", "numba"],)
-    param_names = ("backend",)
+    params = (FIXED_POINT_IMPLEMENTATIONS,)
+    param_names = ("implementation",)
     timeout = 300
 
-    def setup(self, backend: str) -> None:
+    def setup(self, implementation: str) -> None:
+        _skip_unavailable(implementation)
         self.problem = MFGProblem(preset="lq", N=20_000, Nt=30)
-        core.solve(self.problem, backend=backend)
+        core.solve(self.problem, backend=implementation)
 
-    def time_fixed_point(self, backend: str) -> None:
-        core.solve(self.problem, backend=backend)
+    def time_fixed_point(self, implementation: str) -> None:
+        core.solve(self.problem, backend=implementation)
 
 
 class CommonNoiseScaling:
@@ -83,11 +87,11 @@ class CommonNoiseScaling:
         import os
         import time
 
-        from core.backends.process_pool import default_workers
-        from plugins.mfg.common_noise import solve_process
+        from core.tasks import parallelism
+        from plugins.mfg.common_noise import solve_parallel
         from plugins.mfg.problem import CommonNoiseProblem
 
-        workers = default_workers()
+        workers = parallelism("process")
         problem = CommonNoiseProblem(preset="lq", K=4 * workers, N=20_000, Nx=51, Nt=51)
         warm = CommonNoiseProblem(preset="lq", K=8 * workers, N=500, Nx=51, Nt=5)
         seconds = {}
@@ -95,9 +99,9 @@ class CommonNoiseScaling:
         try:
             for count in (1, workers):
                 os.environ["CROSSOVER_WORKERS"] = str(count)
-                solve_process(warm)
+                solve_parallel(warm, backend="process")
                 started = time.perf_counter()
-                solve_process(problem)
+                solve_parallel(problem, backend="process")
                 seconds[count] = time.perf_counter() - started
         finally:
             if saved is None:

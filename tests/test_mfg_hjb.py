@@ -108,7 +108,9 @@ def test_features_and_memory():
     from plugins.mfg.specs import HJB_FDM
 
     problem = HJBProblem(Nx=101, Nt=100)
-    assert HJB_FDM.features(problem) == {"grid_steps": 101 * 100, "steps": 100}
+    assert HJB_FDM.features(problem) == {"grid_steps": 101 * 100, "cyclic_grid_steps": 101 * 100, "steps": 100}
+    reflecting = HJBProblem(Nx=101, Nt=100, boundary="reflecting")
+    assert HJB_FDM.features(reflecting)["cyclic_grid_steps"] == 0
     for backend in HJB_FDM.implementations:
         assert HJB_FDM.memory(problem, backend) >= 4 * 8 * 101 * 101
 

@@ -31,8 +31,8 @@ import time
 import numpy as np
 
 from core.backends import process_pool
-from core.backends.process_pool import map_tasks
-from plugins.mfg.common_noise import solve_process
+from core.tasks import map_tasks
+from plugins.mfg.common_noise import solve_parallel
 from plugins.mfg.problem import CommonNoiseProblem
 
 
@@ -40,13 +40,14 @@ def warm_up(workers: int, problem: CommonNoiseProblem) -> None:
     os.environ["CROSSOVER_WORKERS"] = str(workers)
     # many tiny paths, so that every worker (not just the first to be free) has loaded the
     # Numba kernels before the clock starts: a worker's first path pays ~0.7 s for that
-    solve_process(CommonNoiseProblem(**{**problem.model_fields(), "K": 8 * workers, "N": 500, "Nt": 5}))
+    solve_parallel(CommonNoiseProblem(**{**problem.model_fields(), "K": 8 * workers, "N": 500, "Nt": 5}),
+                   backend="process")
 
 
 def timed(problem: CommonNoiseProblem, lend: bool) -> tuple[float, dict]:
     os.environ["CROSSOVER_LEND_IDLE_CORES"] = "1" if lend else "0"  # read by the calling process, per map
     started = time.perf_counter()
-    out = solve_process(problem)
+    out = solve_parallel(problem, backend="process")
     return time.perf_counter() - started, out
 
 
@@ -61,8 +62,8 @@ def spin(task: int, shared, seed) -> float:
 
 def all_core_penalty(workers: int, loops: int = 3_000_000) -> float:
     """Median probe time with W probes at once over the median alone."""
-    alone = [map_tasks(spin, [loops], workers=1)[0] for _ in range(3)]
-    crowded = map_tasks(spin, [loops] * (3 * workers), workers=workers)
+    alone = [map_tasks(spin, [loops], backend="process", workers=1)[0] for _ in range(3)]
+    crowded = map_tasks(spin, [loops] * (3 * workers), backend="process", workers=workers)
     return float(np.median(crowded) / np.median(alone))
 
 

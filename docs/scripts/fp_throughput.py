@@ -1,12 +1,14 @@
 """Particle-steps per second of the FP solver on each backend, side by side.
 
-    python docs/scripts/fp_throughput.py --N 10000000 --Nx 101 --Nt 100 --backends torch numba
+    python docs/scripts/fp_throughput.py --N 10000000 --Nx 101 --Nt 100 --backends torch:fused numba:fused
 
-Every backend solves the same problem (towel_beach, a smooth given U) once
-to warm up (JIT, CUDA context, Triton compile), then ``--repeats`` times;
-the median is reported as particle-steps per second, N * Nt / seconds, and
-the ratio of each backend to the first one named. Run on the machine you
-quote, and name it.
+Every implementation named (a key of ``mfg.fp_particle``: numpy,
+numba:fused, numba:steps, torch:fused, torch:eager) solves the same problem
+(towel_beach, a smooth given U) once to warm up (JIT, CUDA context, Triton
+compile), then ``--repeats`` times, its outputs moved to the host inside
+the clock; the median is reported as particle-steps per second,
+N * Nt / seconds, and the ratio of each to the first one named. Run on the
+machine you quote, and name it.
 """
 
 from __future__ import annotations
@@ -26,19 +28,11 @@ def problem(n: int, nx: int, nt: int, kde: str) -> FPProblem:
     return FPProblem(N=n, Nx=nx, Nt=nt, kde=kde, U=u)
 
 
-def runner(backend: str, p: FPProblem):
-    if backend == "numpy":
-        from plugins.mfg.fp.reference import solve_numpy
+def runner(key: str, p: FPProblem):
+    from plugins.mfg.specs import FP_PARTICLE
 
-        return lambda: solve_numpy(p)
-    if backend == "numba":
-        from plugins.mfg.fp.numba_kernel import solve_numba
-
-        return lambda: solve_numba(p)
-    from plugins.mfg.fp.torch_kernel import solve_torch
-
-    path = backend.split(":")[1] if ":" in backend else "auto"
-    return lambda: {k: (v.cpu() if hasattr(v, "cpu") else v) for k, v in solve_torch(p, path=path).items()}
+    solve = FP_PARTICLE.implementations[key]
+    return lambda: {k: (v.cpu() if hasattr(v, "cpu") else v) for k, v in solve(p).items()}
 
 
 def main() -> None:
@@ -48,8 +42,8 @@ def main() -> None:
     parser.add_argument("--Nt", type=int, default=100)
     parser.add_argument("--kde", default="binned")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--backends", nargs="+", default=["torch", "numba"],
-                        help="numpy, numba, torch, torch:fused, torch:eager")
+    parser.add_argument("--backends", nargs="+", default=["torch:fused", "numba:fused"],
+                        help="numpy, numba:fused, numba:steps, torch:fused, torch:eager")
     args = parser.parse_args()
     p = problem(args.N, args.Nx, args.Nt, args.kde)
     rows = []

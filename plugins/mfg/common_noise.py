@@ -14,6 +14,7 @@ and the Monte Carlo standard error of the mean, ``std / sqrt(K)``.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -21,6 +22,8 @@ import numpy as np
 from core import tasks
 from core.backends import numba_threads
 from plugins.mfg.coupling import STEPS, picard, picard_batch
+from plugins.mfg.fp import torch_kernel as fp_torch
+from plugins.mfg.hjb import torch_kernel as hjb_torch
 from plugins.mfg.problem import CommonNoiseProblem, FPProblem, HJBProblem, MFGProblem
 
 
@@ -51,8 +54,6 @@ def conditional_problem(problem: CommonNoiseProblem) -> MFGProblem:
 
 def path_task(task: tuple, shared: Mapping[str, np.ndarray], seed) -> dict[str, np.ndarray]:
     """One path: sample theta, solve the conditional MFG. Runs in workers too."""
-    import time
-
     started = time.perf_counter()
     problem, steps = task
     theta = ou_path(problem, seed)
@@ -112,14 +113,11 @@ def solve_torch(problem: CommonNoiseProblem, *, hjb_device: bool) -> dict[str, n
     """
     import torch
 
-    from plugins.mfg.fp.torch_kernel import fused_unsupported
-    from plugins.mfg.fp.torch_kernel import solve_torch_batch as fp_batch
-    from plugins.mfg.hjb.numba_kernel import solve_numba as hjb_numba
-    from plugins.mfg.hjb.torch_kernel import solve_torch_batch as hjb_torch_batch
-
     def hjb_batch(template: HJBProblem, v: np.ndarray, m: np.ndarray):
         if hjb_device:
-            return hjb_torch_batch(template, v, m)
+            return hjb_torch.solve_torch_batch(template, v, m)
+        from plugins.mfg.hjb.numba_kernel import solve_numba as hjb_numba  # numba compiles on import
+
         fields = template.model_fields()
         return torch.as_tensor(np.stack([hjb_numba(HJBProblem(**fields, M=mk, V_t=vk))["U"] for vk, mk in zip(v, m)]))
 
@@ -128,9 +126,9 @@ def solve_torch(problem: CommonNoiseProblem, *, hjb_device: bool) -> dict[str, n
     conditional = conditional_problem(problem)
     hjb_template = HJBProblem(**conditional.model_fields())
     fp_template = FPProblem(**conditional.model_fields())
-    fused = not fused_unsupported(fp_template)  # the all-steps kernel wherever the KDE allows it
+    fused = not fp_torch.fused_unsupported(fp_template)  # the all-steps kernel wherever the KDE allows it
     out = picard_batch(conditional, lambda v, m: hjb_batch(hjb_template, v, m).cpu().numpy(),
-                       lambda u: fp_batch(fp_template, u, fused=fused).cpu().numpy(), V)
+                       lambda u: fp_torch.solve_torch_batch(fp_template, u, fused=fused).cpu().numpy(), V)
     paths = [{"U": out["U"][k], "M": out["M"][k], "converged": out["converged"][k],
               "iterations": out["iterations"][k], "theta": thetas[k]} for k in range(problem.K)]
     return summarize(problem, paths)

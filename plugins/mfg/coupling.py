@@ -20,7 +20,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from plugins.mfg.fp import reference as fp_reference
+from plugins.mfg.fp import torch_kernel as fp_torch
 from plugins.mfg.fp.common import all_steps_unsupported
+from plugins.mfg.hjb import reference as hjb_reference
+from plugins.mfg.hjb import torch_kernel as hjb_torch
 from plugins.mfg.problem import FPProblem, HJBProblem, MFGModel, MFGProblem
 
 HJBStep = Callable[[HJBProblem], np.ndarray]
@@ -95,13 +99,11 @@ def picard(problem: MFGProblem, hjb: HJBStep, fp: FPStep, V_t: np.ndarray | None
 # numpy or torch) are separate implementations, measured by the cost model.
 
 def numpy_steps() -> tuple[HJBStep, FPStep]:
-    from plugins.mfg.fp.reference import solve_numpy as fp_numpy
-    from plugins.mfg.hjb.reference import solve_numpy as hjb_numpy
-
-    return (lambda p: hjb_numpy(p)["U"]), (lambda p: fp_numpy(p)["M"])
+    return (lambda p: hjb_reference.solve_numpy(p)["U"]), (lambda p: fp_reference.solve_numpy(p)["M"])
 
 
 def numba_steps() -> tuple[HJBStep, FPStep]:
+    # numba compiles (or loads) its kernels on import: only where these steps run
     from plugins.mfg.fp.numba_kernel import solve_particles
     from plugins.mfg.hjb.numba_kernel import solve_numba as hjb_numba
 
@@ -120,16 +122,12 @@ def torch_steps(hjb_device: bool) -> tuple[HJBStep, FPStep]:
     depends on the machine and the size, so both are implementations
     (``torch:hjb_device``, ``torch:hjb_host``) and the cost model measures them.
     """
-    from plugins.mfg.fp.torch_kernel import fused_unsupported, solve_torch
-
     def fp(p: FPProblem) -> np.ndarray:
-        return solve_torch(p, fused=not fused_unsupported(p))["M"].cpu().numpy()
+        return fp_torch.solve_torch(p, fused=not fp_torch.fused_unsupported(p))["M"].cpu().numpy()
 
     if hjb_device:
-        from plugins.mfg.hjb.torch_kernel import solve_torch as hjb_torch
-
-        return (lambda p: hjb_torch(p)["U"]), fp
-    from plugins.mfg.hjb.numba_kernel import solve_numba as hjb_numba
+        return (lambda p: hjb_torch.solve_torch(p)["U"]), fp
+    from plugins.mfg.hjb.numba_kernel import solve_numba as hjb_numba  # numba compiles on import
 
     return (lambda p: hjb_numba(p)["U"]), fp
 

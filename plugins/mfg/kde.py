@@ -88,7 +88,11 @@ def smooth_steps(mass: np.ndarray, h: np.ndarray, dx: float, boundary: str) -> n
     kernel /= kernel.sum(axis=1, keepdims=True)
     period = nx if boundary == "periodic" else 2 * (nx - 1)
     circle = np.zeros((period, steps))
-    np.add.at(circle, np.mod(offsets, period), kernel.T)  # a kernel wider than the period wraps onto itself
+    places = np.mod(offsets, period)
+    # a kernel wider than the period wraps onto itself; within a block of `period` offsets
+    # every place is distinct, so each block adds without np.add.at (which is slow per element)
+    for start in range(0, offsets.size, period):
+        circle[places[start:start + period]] += kernel[:, start:start + period].T
     spectrum = np.fft.rfft(mass, n=period, axis=1) * np.fft.rfft(circle.T, axis=1)
     convolved = np.fft.irfft(spectrum, n=period, axis=1)
     smoothed = convolved[:, :nx].copy()

@@ -58,15 +58,21 @@ def _cell(x, xmin, dx, nx, boundary):
 
 @jit(error_model="numpy")
 def _place(x, xmin, length, boundary):
-    """Wrap or reflect a position back into the domain."""
-    if xmin <= x < xmin + length:  # the common case: no wall crossed this step
-        return x
+    """Wrap or reflect a position back into the domain.
+
+    Without a branch on whether a wall was crossed: where particles cross
+    often (wide noise on a small periodic domain) such a branch mispredicts,
+    and a particle step then cost up to 1.6x what it costs where they rarely
+    do, which no size field predicts. This way every step costs the same.
+    """
+    y = x - xmin
     if boundary == 0:
-        y = (x - xmin) % length
+        y -= length * math.floor(y / length)
         return xmin + (y if y < length else 0.0)
     # reflecting at both walls is a fold with period 2L
-    y = (x - xmin) % (2.0 * length)
-    return xmin + (2.0 * length - y if y > length else y)
+    period = 2.0 * length
+    y -= period * math.floor(y / period)
+    return xmin + (period - y if y > length else y)
 
 
 @jit(parallel=True, error_model="numpy")

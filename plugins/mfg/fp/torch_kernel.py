@@ -25,6 +25,7 @@ import math
 
 import numpy as np
 
+from core.backends.torch_gpu import device as gpu_device
 from plugins.mfg import kde
 from plugins.mfg.fp.common import all_steps_unsupported, cells, drift_table
 from plugins.mfg.fp.layout import SLOTS
@@ -107,8 +108,6 @@ def fused_unsupported(problem) -> str:
 
 def solve_torch(problem, U: np.ndarray | None = None, *, fused: bool) -> dict:
     """M (Nt+1, Nx) and the rest as device tensors; ``fused`` takes the Triton kernel (see the module docstring)."""
-    from core.backends.torch_gpu import device as gpu_device
-
     if fused and fused_unsupported(problem):
         raise ValueError(f"the fused torch FP cannot run this problem: {fused_unsupported(problem)}")
     dev = gpu_device()
@@ -232,8 +231,6 @@ def solve_torch_batch(problem, U_batch, *, fused: bool) -> object:
     CPU common-noise path uses the problem's seed for every path). The fused
     kernel runs them as a second grid axis; the eager path loops over them.
     """
-    from core.backends.torch_gpu import device as gpu_device
-
     U_batch = np.asarray(U_batch)
     if not fused:
         return _torch().stack([solve_torch(problem, U=u, fused=False)["M"] for u in U_batch])

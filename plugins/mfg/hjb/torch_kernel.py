@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.backends.torch_gpu import device as gpu_device
+from core.errors import BackendUnavailableError
 from core.validation import check_array, fail
 from plugins.mfg.hjb.reference import residual_and_jacobian
 from plugins.mfg.problem import LOG_FLOOR, HJBProblem
@@ -106,12 +108,8 @@ def sweep_torch_batch(problem: HJBProblem, V_batch, M_batch, device=None):
     import torch
 
     if device is None:
-        from core.backends.torch_gpu import device as gpu_device
-
         device = gpu_device()
     if torch.device(device).type == "mps":
-        from core.errors import BackendUnavailableError
-
         raise BackendUnavailableError("mfg.hjb_fdm needs float64, which MPS does not have: use numpy or numba")
     V = _as_batch(torch, "V_batch", V_batch, problem, device, nonnegative=False)
     M = _as_batch(torch, "M_batch", M_batch, problem, device, nonnegative=True)

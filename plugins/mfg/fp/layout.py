@@ -1,0 +1,40 @@
+"""How the compiled FP kernels lay out their work: numba's particle chunks, the GPU's slotted histograms.
+
+No numba, torch or Triton is imported here, so the kernels and the memory
+estimates (which must not load a compiler to answer) share one truth, and
+the torch eager path and the Triton kernel fill the same histogram layout.
+"""
+
+from __future__ import annotations
+
+SLOTS = 128  # private histogram copies per time step on the GPU: spreads the atomic adds on busy bins
+BLOCK = 1024  # particles per Triton program
+
+
+def chunk_size(n: int) -> int:
+    """Particles per private histogram of the numba kernels: even, so pairs never straddle chunks.
+
+    At least 64 chunks when N allows (so that extra threads lent to a
+    running task have work to share), at least 512 particles each (so that a
+    chunk's zeroing and merging stay small next to its particles), at most
+    4096 (the fixed size the large-N throughput in docs/mfg.md was measured
+    with). The chunking depends on N only, so results do not depend on the
+    thread count.
+    """
+    size = min(max(-(-n // 64), 512), 4096)
+    return size + size % 2
+
+
+def chunks(n: int) -> int:
+    """How many chunks of :func:`chunk_size` hold ``n`` particles."""
+    return -(-n // chunk_size(n))
+
+
+def all_steps_bytes(problem) -> int:
+    """Memory of numba's all-steps kernel's (chunks, steps, Nx) histograms."""
+    return 8 * chunks(problem.N) * (problem.Nt + 1) * problem.Nx
+
+
+def slotted_histogram_bytes(problem, steps: int) -> int:
+    """Memory of ``steps`` GPU histograms of SLOTS x Nx float64 bins, with their (sum, sum of squares) slots."""
+    return 8 * steps * SLOTS * (problem.Nx + 2)

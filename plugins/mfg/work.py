@@ -1,0 +1,183 @@
+"""What the MFG solvers' problems cost: the features the cost model is linear in, and memory.
+
+Each implementation's time is modelled as ``t = c0 + sum_i c_i * feature_i``
+with ``c_i >= 0`` over the whole size space, every field moving at once. So
+each feature counts one kind of work that some implementation pays for in
+proportion, whichever field drives it:
+
+- ``particle_steps``: one particle moved and binned, ``N * (Nt+1)``;
+- ``grid_steps``: one grid node at one time level (array passes of the
+  FP, Newton updates of the HJB), ``Nx * (Nt+1)``;
+- ``steps``: one time level, whatever its size (a Python loop turn, a
+  kernel launch);
+- ``kernel_work``: one Gaussian weight applied. The binned KDE spreads each
+  node's mass over ``2 * half + 1`` nodes, and ``half`` grows with Nx and
+  with the bandwidth, so this term moves with N (through the bandwidth) and
+  Nx at once; the direct KDE applies one weight per particle, node and image.
+
+The coupled solvers repeat that work once per Picard iteration. How many
+iterations a solve takes is not known before it runs (10 to 27 across the
+presets at the default tolerances), so their features count ``max_iter``
+iterations, the most a solve can take, and their size spaces set the
+tolerances to zero so that every calibration problem runs exactly that many.
+A real problem that converges sooner does less work on every backend alike,
+so the choice between backends holds while the predicted seconds are an
+upper bound.
+
+Nothing here imports numba, torch or Triton: planning must stay cheap.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from plugins.mfg import kde
+from plugins.mfg.fp.common import all_steps_unsupported
+from plugins.mfg.fp.layout import all_steps_bytes, slotted_histogram_bytes
+from plugins.mfg.problem import CommonNoiseProblem, MFGModel, MFGProblem
+
+# -- features --------------------------------------------------------------------------
+
+
+def expected_bandwidth(problem: MFGModel) -> float:
+    """The widest KDE bandwidth the solve is likely to use, without running it.
+
+    Free diffusion from ``m0`` adds ``sigma^2 T`` to the particles' variance,
+    up to that of the uniform law on the domain, ``L^2/12``, which bounded
+    diffusion tends to. A drift that gathers the crowd makes the true spread
+    smaller; the estimate only needs the right order, since it sizes a
+    kernel's reach.
+    """
+    if not isinstance(problem.bandwidth, str):
+        return float(problem.bandwidth)
+    mass = problem.m0 * problem.weights()
+    mean = float(np.sum(problem.x * mass))
+    variance0 = float(np.sum((problem.x - mean) ** 2 * mass))
+    spread = math.sqrt(min(variance0 + problem.sigma**2 * problem.T, problem.length**2 / 12))
+    iqr = 1.349 * spread  # a Gaussian's interquartile range, for Silverman's rule
+    return kde.bandwidth_from_stats(problem.bandwidth, problem.N, spread, iqr)
+
+
+def kernel_work(problem: MFGModel) -> float:
+    """Gaussian weights applied to build the density at every time level (see the module docstring)."""
+    h = expected_bandwidth(problem)
+    levels = (problem.Nt + 1) * problem.Nx
+    if problem.kde == "direct":
+        images = len(kde.periodic_shifts(problem.length, h)) if problem.boundary == "periodic" else 3
+        return float(levels * problem.N * images)
+    return float(levels * (2 * kde.half_width(h, problem.dx) + 1))
+
+
+def fp_features(problem: MFGModel) -> dict[str, float]:
+    steps = problem.Nt + 1
+    return {"particle_steps": float(problem.N * steps), "grid_steps": float(problem.Nx * steps),
+            "steps": float(steps), "kernel_work": kernel_work(problem)}
+
+
+def hjb_features(problem: MFGModel) -> dict[str, float]:
+    """Newton updates on every node of every level; a periodic grid solves a second tridiagonal system.
+
+    Sherman-Morrison turns the cyclic system into two Thomas sweeps, so
+    ``cyclic_grid_steps`` (zero on a reflecting grid) counts the second one.
+    """
+    grid_steps = float(problem.Nx * problem.Nt)
+    return {"grid_steps": grid_steps, "cyclic_grid_steps": grid_steps if problem.boundary == "periodic" else 0.0,
+            "steps": float(problem.Nt)}
+
+
+def fixed_point_features(problem: MFGProblem) -> dict[str, float]:
+    """One FP and one HJB solve per iteration, ``max_iter`` iterations (see the module docstring)."""
+    # the HJB's grid_steps and steps count the same levels as the FP's, so they share those features
+    per_iteration = {**fp_features(problem), "cyclic_grid_steps": hjb_features(problem)["cyclic_grid_steps"]}
+    iterations = float(problem.max_iter)
+    return {**{name: iterations * value for name, value in per_iteration.items()}, "iterations": iterations}
+
+
+def common_noise_features(problem: CommonNoiseProblem) -> dict[str, float]:
+    """K conditional fixed points; the batched GPU solver also pays per iteration of the whole batch.
+
+    ``path_*`` features are the fixed point's summed over the K paths. The
+    torch solvers run every path's iteration at once, so they pay some work
+    per batch iteration whatever K is: ``iterations`` (a launch of the fused
+    FP kernel) and ``grid_steps`` (the device HJB's row-by-row sweep).
+    """
+    per_path = fixed_point_features(problem)
+    features = {f"path_{name}": problem.K * value for name, value in per_path.items()}
+    features["grid_steps"] = per_path["grid_steps"]
+    features["iterations"] = per_path["iterations"]
+    return features
+
+
+# -- memory ----------------------------------------------------------------------------
+
+
+def _grid_bytes(problem: MFGModel) -> float:
+    return 8.0 * (problem.Nt + 1) * problem.Nx
+
+
+def _smoothing_bytes(problem: MFGModel) -> float:
+    """The GPU smoothing's (steps, Nx, 2*half+1) contributions, float64, for every step at once."""
+    return 8.0 * kernel_work(problem) if problem.kde == "binned" else 0.0
+
+
+def _direct_bytes(problem: MFGModel) -> float:
+    """The GPU direct KDE's (Nx, particles) temporaries, a chunk of at most 2**20 particles at a time."""
+    return 4 * 8.0 * problem.Nx * min(problem.N, 1 << 20) if problem.kde == "direct" else 0.0
+
+
+def fp_memory(problem: MFGModel, implementation: str) -> float:
+    """Peak bytes of one FP solve on the implementation's device."""
+    grid = _grid_bytes(problem)
+    if implementation == "numba:fused":
+        return 24.0 * problem.N + 3 * grid + all_steps_bytes(problem)
+    if implementation == "numba:steps":
+        return 24.0 * problem.N + 3 * grid
+    # per particle, as measured on an H100 at N = 2e6 (torch.cuda.max_memory_allocated), rounded up:
+    # drawing the start (two float64 uniforms, int64 cells) peaks at 48 bytes; an eager step's
+    # whole-array temporaries (indices in int64, the deposit in float64) at 106
+    if implementation == "torch:fused":
+        return 56.0 * problem.N + slotted_histogram_bytes(problem, problem.Nt + 1) + 4 * grid + _smoothing_bytes(
+            problem)
+    if implementation == "torch:eager":
+        return (128.0 * problem.N + slotted_histogram_bytes(problem, 1) + 4 * grid + _smoothing_bytes(problem)
+                + _direct_bytes(problem))
+    return 64.0 * problem.N + 3 * grid  # numpy's whole-array temporaries
+
+
+def hjb_memory(problem: MFGModel, implementation: str) -> float:
+    """The inputs and output on the space-time grid (M, V, f(M), U), plus per-step work arrays.
+
+    torch also holds the per-iteration temporaries of the batched Thomas
+    sweep; numpy and numba about a dozen vectors of Nx per step.
+    """
+    per_step = 8.0 * problem.Nx
+    return 4 * _grid_bytes(problem) + (40 if implementation.startswith("torch") else 20) * per_step
+
+
+def _coupled_fp_variant(problem: MFGModel, implementation: str) -> str:
+    """The FP kernel a coupled solver runs: the all-steps one wherever the KDE allows (a capability)."""
+    if implementation == "numpy":
+        return "numpy"
+    device = "torch" if implementation.startswith("torch") else "numba"
+    if all_steps_unsupported(problem):
+        return "torch:eager" if device == "torch" else "numba:steps"
+    return f"{device}:fused"
+
+
+def fixed_point_memory(problem: MFGModel, implementation: str) -> float:
+    """One FP and one HJB solve, plus the iterates U and M and their damped updates."""
+    fp = fp_memory(problem, _coupled_fp_variant(problem, implementation))
+    hjb_device = implementation == "torch:hjb_device"
+    hjb = hjb_memory(problem, "torch" if hjb_device else "numba")
+    return fp + hjb + 8 * _grid_bytes(problem)
+
+
+def common_noise_memory(problem: CommonNoiseProblem, implementation: str) -> float:
+    """One path at a time on the CPU (a worker holds one path), all K at once on the GPU, plus the K results."""
+    results = 2 * problem.K * _grid_bytes(problem)
+    if implementation.startswith("torch"):
+        return problem.K * fixed_point_memory(problem, implementation) + results
+    serial = implementation if implementation in ("numpy", "numba") else "numba"  # parallel backends run numba
+    return fixed_point_memory(problem, serial) + 4 * _grid_bytes(problem) + results
