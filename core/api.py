@@ -91,7 +91,7 @@ def _run(spec: SolverSpec, implementation: str, problem: Any) -> tuple[dict, flo
     history.mark_paid(spec, implementation, problem)
     if was_paid or owed == 0.0:  # a first call that owes a one-off would bias the steady-state model
         history.record_solve(spec, implementation,
-                             history.sample_record(spec, implementation, problem, seconds, "solve"))
+                             history.sample_record(spec, implementation, problem, seconds, "solve", outputs))
     if not was_paid and (fitted := history.model(spec, implementation)) is not None:
         # a first call's excess over the steady-state model is this process's one-off cost,
         # when the model can be trusted here (an extrapolation would blame its own error)

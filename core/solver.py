@@ -96,6 +96,9 @@ class SolverSpec:
       backend runs; the core adds the span feature from it (see
       ``core.costmodel.fit.model_features``), so plugins never read a pool's size.
     - ``span_feature``: the feature shared evenly by those tasks.
+    - ``work_done(problem, outputs)``: the features of the work a finished
+      solve really did, where that is known only afterwards (iterations to
+      converge); a real solve's history sample uses it instead of ``features``.
     - ``compile_key(problem, implementation)``: for variants that compile per
       shape, the shape; a one-off cost is then charged once per key.
     - ``default_problem()`` is what ``crossover demo`` runs, and
@@ -117,6 +120,7 @@ class SolverSpec:
     parallel_tasks: Callable[[Any], float] | None = None
     span_feature: str | None = None
     compile_key: Callable[[Any, str], Hashable] | None = None
+    work_done: Callable[[Any, Outputs], Mapping[str, float]] | None = None
     summarize: Callable[[Any, Outputs], str] = field(default=lambda problem, outputs: f"{len(outputs)} outputs")
     description: str = ""
     version: str = "0"

@@ -166,3 +166,19 @@ def test_each_problem_type_reaches_its_own_solver():
              (FPProblem(N=10), HJBProblem(), MFGProblem(N=10), CommonNoiseProblem(N=10))}
     assert names == {"FPProblem": "mfg.fp_particle", "HJBProblem": "mfg.hjb_fdm",
                      "MFGProblem": "mfg.fixed_point", "CommonNoiseProblem": "mfg.common_noise"}
+
+
+def test_a_solve_that_converges_early_records_the_iterations_it_ran():
+    """History samples of real solves count the Picard iterations run, not max_iter."""
+    import core
+    from core.costmodel.history import sample_record
+
+    spec = core.solvers()["mfg.fixed_point"]
+    problem = MFGProblem(preset="lq", N=2_000, Nt=10, Nx=31, max_iter=60)
+    outputs = core.solve(problem, backend="numba", solver=spec.name).outputs
+    ran = int(outputs["iterations"])
+    assert bool(outputs["converged"]) and ran < problem.max_iter
+    planned = spec.features(problem)
+    recorded = sample_record(spec, "numba", problem, 0.1, "solve", outputs)["features"]
+    assert recorded["iterations"] == ran and planned["iterations"] == problem.max_iter
+    assert recorded["particle_steps"] == pytest.approx(planned["particle_steps"] * ran / problem.max_iter)

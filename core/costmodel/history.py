@@ -292,8 +292,10 @@ def record_one_off(spec: SolverSpec, implementation: str, seconds: float) -> Non
 
 
 def sample_record(spec: SolverSpec, implementation: str, problem: Any, seconds: float,
-                  source: str) -> dict[str, Any]:
-    return {"features": model_features(spec, problem, implementation),
+                  source: str, outputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One timing as stored; with a solve's ``outputs``, the features of the work it really did."""
+    done = spec.work_done(problem, outputs) if outputs is not None and spec.work_done is not None else None
+    return {"features": model_features(spec, problem, implementation, done),
             "size": float(getattr(problem, spec.size_axis)), "seconds": float(seconds), "source": source,
             "at": time.time()}
 

@@ -87,12 +87,27 @@ def hjb_features(problem: MFGModel) -> dict[str, float]:
             "steps": float(problem.Nt)}
 
 
-def fixed_point_features(problem: MFGProblem) -> dict[str, float]:
+def fixed_point_features(problem: MFGProblem, iterations: float | None = None) -> dict[str, float]:
     """One FP and one HJB solve per iteration, ``max_iter`` iterations (see the module docstring)."""
     # the HJB's grid_steps and steps count the same levels as the FP's, so they share those features
     per_iteration = {**fp_features(problem), "cyclic_grid_steps": hjb_features(problem)["cyclic_grid_steps"]}
-    iterations = float(problem.max_iter)
+    iterations = float(problem.max_iter if iterations is None else iterations)
     return {**{name: iterations * value for name, value in per_iteration.items()}, "iterations": iterations}
+
+
+def fixed_point_work_done(problem: MFGProblem, outputs) -> dict[str, float]:
+    """The features of the iterations a finished solve really ran (its history sample)."""
+    return fixed_point_features(problem, float(np.asarray(outputs["iterations"])))
+
+
+def common_noise_work_done(problem: CommonNoiseProblem, outputs) -> dict[str, float]:
+    """Path work summed over the iterations each path ran; batch work over the longest path."""
+    iterations = np.asarray(outputs["iterations"], dtype=float).reshape(-1)
+    per_iteration = fixed_point_features(problem, 1.0)
+    features = {f"path_{name}": float(iterations.sum()) * value for name, value in per_iteration.items()}
+    features["grid_steps"] = float(iterations.max()) * per_iteration["grid_steps"]
+    features["iterations"] = float(iterations.max())
+    return features
 
 
 def common_noise_features(problem: CommonNoiseProblem) -> dict[str, float]:
