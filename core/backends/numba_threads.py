@@ -48,6 +48,19 @@ def use_idle_cores() -> int:
     return int(numba.get_num_threads())
 
 
+def start() -> None:
+    """The backend's one-off in a process: import Numba and start its thread pool.
+
+    Both are paid once per process whichever kernel runs first, so they are
+    the backend's start, not any one implementation's JIT: without this,
+    the first variant measured would carry them and its siblings would look
+    free to start.
+    """
+    from core.backends import numba_warmup
+
+    numba_warmup.spin_up_threads()
+
+
 def _probe() -> Availability:
     if importlib.util.find_spec("numba") is None:
         return Availability(False, "numba is not installed (pip install numba)")
@@ -72,4 +85,5 @@ BACKEND = Backend(
     describe=_describe,
     simplicity=10,
     free_memory=host_free_memory,
+    start=start,
 )
