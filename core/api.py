@@ -13,7 +13,7 @@ import numpy as np
 from core.backend import Availability, safe_describe
 from core.costmodel import history
 from core.costmodel.features import model_features
-from core.costmodel.plan import exclusion, plan
+from core.costmodel.plan import plan
 from core.costmodel.warmup import tier_up, using
 from core.errors import (
     AutoSelectionError,
@@ -24,7 +24,7 @@ from core.errors import (
 )
 from core.registry import get_registry, get_solver
 from core.result import Plan, Result
-from core.running import check_backend, find_solver, probe, run_once
+from core.running import check_backend, exclusion, find_solver, probe, run_once
 from core.solver import SolverSpec, backend_of
 
 

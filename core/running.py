@@ -81,6 +81,27 @@ def check_backend(spec: SolverSpec, name: str) -> tuple[str, ...]:
     return keys
 
 
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f} GiB"
+
+
+def exclusion(spec: SolverSpec, problem: Any, implementation: str) -> str:
+    """Why ``implementation`` cannot run ``problem`` here, or "" (availability, support, memory)."""
+    backend = get_registry().backends.get(backend_of(implementation))
+    if backend is None:
+        return "backend not registered (is its plugin installed?)"
+    status = probe(backend)
+    if not status.available:
+        return f"unavailable: {status.reason}"
+    unsupported = spec.supports(problem, implementation)
+    if unsupported:
+        return f"unsupported: {unsupported}"
+    need, free = float(spec.memory(problem, implementation)), backend.free_memory()
+    if free is not None and need > free:
+        return f"not enough memory: needs {_gib(need)}, {_gib(free)} free"
+    return ""
+
+
 def run_once(spec: SolverSpec, implementation: str, problem: Any) -> tuple[dict, float]:
     """Run one implementation and time it as the user pays for it.
 

@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from core.backend import Backend, safe_probe
+from core.backend import Backend
 from core.errors import BackendUnavailableError, UnknownBackendError
 from core.registry import get_registry
+from core.running import probe
 from core.seeded_tasks import ResultCallback, TaskFn, readonly_views, run_serially, task_labels, task_seeds
 
 __all__ = ["ResultCallback", "TaskFn", "backend_for_map", "map_tasks", "mapping_backends", "parallelism",
@@ -44,7 +45,7 @@ def backend_for_map(name: str) -> Backend:
     if backend.map is None:
         raise UnknownBackendError(f"backend {name!r} cannot map tasks; backends that can: "
                                   f"{', '.join(mapping_backends()) or 'none'}")
-    status = safe_probe(backend)
+    status = probe(backend)
     if not status.available:
         raise BackendUnavailableError(f"backend {name!r} is unavailable here: {status.reason}")
     return backend

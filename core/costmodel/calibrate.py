@@ -30,7 +30,7 @@ from core.costmodel.features import feature_names, model_features
 from core.costmodel.fit import Sample, fit
 from core.errors import CrossoverError
 from core.registry import get_registry, get_solver
-from core.running import implementations, probe, run_once
+from core.running import exclusion, implementations, probe, run_once
 from core.solver import SolverSpec, backend_of
 
 log = logging.getLogger("crossover")
@@ -93,17 +93,6 @@ def runnable_implementations(spec: SolverSpec) -> list[str]:
     backends = get_registry().backends
     return [key for key in implementations(spec)
             if backend_of(key) in backends and probe(backends[backend_of(key)]).available]
-
-
-def skip_reason(spec: SolverSpec, implementation: str, problem: Any) -> str:
-    """Why ``implementation`` should not run ``problem`` here ("" when it can)."""
-    reason = spec.supports(problem, implementation)
-    if reason:
-        return reason
-    free = get_registry().backends[backend_of(implementation)].free_memory()
-    if free is not None and float(spec.memory(problem, implementation)) > free:
-        return "not enough memory"
-    return ""
 
 
 @dataclass
@@ -173,7 +162,7 @@ def calibrate_solver(spec: SolverSpec, *, quick: bool = True, budget: float | No
 def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: float, repeats: int,
                  first_run: dict[str, bool]) -> None:
     key = climb.row.backend
-    if skip_reason(spec, key, problem):
+    if exclusion(spec, problem, key):
         climb.row.skipped += 1
         return
     if climb.capped:

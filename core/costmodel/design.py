@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import qmc
 
+from core.errors import CrossoverError
 from core.solver import SizeSpace, SolverSpec, try_problem
 
 AXIS_POINTS = {True: 4, False: 6}
@@ -171,11 +172,25 @@ def _beyond_ladder(spec: SolverSpec, quick: bool, design_keys: set) -> list:
     problems = []
     for target in targets:
         nearest = min(ladder, key=lambda p: abs(math.log(float(getattr(p, spec.size_axis)) / target)))
-        value = round(target) if isinstance(getattr(nearest, spec.size_axis), (int, np.integer)) else target
-        try:
-            problem = dataclasses.replace(nearest, **{spec.size_axis: value})
-        except (ValueError, TypeError):
-            continue
-        if _problem_key(problem) not in design_keys:
+        problem = with_size(spec, nearest, target)
+        if problem is not None and _problem_key(problem) not in design_keys:
             problems.append(problem)
     return problems
+
+
+def with_size(spec: SolverSpec, problem: Any, size: float) -> Any | None:
+    """``problem`` with its primary size replaced (None if the size is not allowed)."""
+    current = getattr(problem, spec.size_axis)
+    value = round(float(size)) if isinstance(current, (int, np.integer)) else float(size)
+    try:
+        return dataclasses.replace(problem, **{spec.size_axis: value})
+    except (CrossoverError, ValueError, TypeError, OverflowError):
+        pass
+    # arrays sized by the old grid (a preset's V, m0 ...) no longer fit: rebuild without them,
+    # so the problem type derives them again at the new size
+    scalars = {f.name: getattr(problem, f.name) for f in dataclasses.fields(problem)
+               if f.init and not isinstance(getattr(problem, f.name), np.ndarray)}
+    try:
+        return type(problem)(**{**scalars, spec.size_axis: value})
+    except (CrossoverError, ValueError, TypeError, OverflowError):
+        return None

@@ -33,7 +33,6 @@ better passes ``expected_calls``; the larger of the two counts.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -43,12 +42,13 @@ import numpy as np
 
 from core.costmodel import history
 from core.costmodel.calibrate import ensure_calibrated
+from core.costmodel.design import with_size
 from core.costmodel.features import model_features
 from core.costmodel.fit import CostModel
-from core.errors import AutoSelectionError, CrossoverError
+from core.errors import AutoSelectionError
 from core.registry import get_registry, get_solver
 from core.result import Plan, Prediction
-from core.running import find_solver, implementations, probe
+from core.running import exclusion, find_solver, implementations
 from core.solver import SolverSpec, backend_of
 
 MIN_ERROR, EXTRAPOLATED_ERROR = 0.02, 0.5
@@ -73,27 +73,6 @@ def effective_calls(spec: SolverSpec, expected_calls: float | None) -> float:
     if expected_calls is not None and not expected_calls > 0:  # also refuses NaN; inf ignores one-offs
         raise AutoSelectionError(f"expected_calls={expected_calls!r} is invalid: must be > 0")
     return max(float(expected_calls or 1.0), float(history.calls(spec)))
-
-
-def _gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.2f} GiB"
-
-
-def exclusion(spec: SolverSpec, problem: Any, implementation: str) -> str:
-    """Why ``implementation`` cannot run ``problem`` here, or "" (availability, support, memory)."""
-    backend = get_registry().backends.get(backend_of(implementation))
-    if backend is None:
-        return "backend not registered (is its plugin installed?)"
-    status = probe(backend)
-    if not status.available:
-        return f"unavailable: {status.reason}"
-    unsupported = spec.supports(problem, implementation)
-    if unsupported:
-        return f"unsupported: {unsupported}"
-    need, free = float(spec.memory(problem, implementation)), backend.free_memory()
-    if free is not None and need > free:
-        return f"not enough memory: needs {_gib(need)}, {_gib(free)} free"
-    return ""
 
 
 @dataclass
@@ -210,24 +189,6 @@ def _decide(candidates: Mapping[str, _Candidate], calls: float,
 
 
 # -- break-even along the size axis ---------------------------------------------------
-
-def with_size(spec: SolverSpec, problem: Any, size: float) -> Any | None:
-    """``problem`` with its primary size replaced (None if the size is not allowed)."""
-    current = getattr(problem, spec.size_axis)
-    value = round(float(size)) if isinstance(current, (int, np.integer)) else float(size)
-    try:
-        return dataclasses.replace(problem, **{spec.size_axis: value})
-    except (CrossoverError, ValueError, TypeError, OverflowError):
-        pass
-    # arrays sized by the old grid (a preset's V, m0 ...) no longer fit: rebuild without them,
-    # so the problem type derives them again at the new size
-    scalars = {f.name: getattr(problem, f.name) for f in dataclasses.fields(problem)
-               if f.init and not isinstance(getattr(problem, f.name), np.ndarray)}
-    try:
-        return type(problem)(**{**scalars, spec.size_axis: value})
-    except (CrossoverError, ValueError, TypeError, OverflowError):
-        return None
-
 
 def size_grid(spec: SolverSpec, points: int = 80) -> np.ndarray:
     """Sizes from half the calibrated range's bottom to eight times its top, log-spaced."""

@@ -29,11 +29,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from core.costmodel import history
-from core.costmodel.calibrate import skip_reason
 from core.costmodel.design import calibration_design
 from core.registry import get_registry
 from core.result import Plan
-from core.running import run_once
+from core.running import exclusion, run_once
 from core.solver import SolverSpec, backend_of
 from core.validation import env_flag
 
@@ -77,7 +76,7 @@ def worth_warming(spec: SolverSpec, decision: Plan) -> list[str]:
 
 def _first_supported(spec: SolverSpec, implementation: str) -> Any | None:
     for problem in calibration_design(spec, quick=True):
-        if not skip_reason(spec, implementation, problem):
+        if not exclusion(spec, problem, implementation):
             return problem
     return None
 
