@@ -298,3 +298,17 @@ def test_tiering_up_can_be_turned_off(clean, monkeypatch):
         assert core.solve(GridProblem(1_000, 10)).backend == "serial"
     warmup.wait()
     assert not history.is_paid(spec, "device", GridProblem(1_000, 10))
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: core.plan(GridProblem(10), margin=float("nan")), "margin=nan is invalid: must be a finite number >= 0"),
+    (lambda: core.plan(GridProblem(10), margin=-0.1), "margin=-0.1 is invalid: must be a finite number >= 0"),
+    (lambda: core.evaluate("synthetic.bad", count=-1), "count=-1 is invalid: must be an integer >= 1"),
+    (lambda: core.evaluate("synthetic.bad", repeats=0), "repeats=0 is invalid: must be an integer >= 1"),
+    (lambda: core.evaluate("synthetic.bad", seed="x"), "seed='x' is invalid: must be an integer >= 0"),
+])
+def test_planning_and_evaluation_arguments_are_checked(clean, call, message):
+    _install(_spec("synthetic.bad", {"serial": _echo}))
+    with pytest.raises(core.ProblemError) as caught:
+        call()
+    assert str(caught.value) == message

@@ -29,6 +29,7 @@ from core.costmodel.calibrate import ensure_calibrated, measure
 from core.costmodel.design import held_out_problems
 from core.costmodel.plan import plan
 from core.registry import get_solver
+from core.validation import check_int, check_seed
 
 
 @dataclass
@@ -85,6 +86,8 @@ def _params(problem: Any, fields: list[str]) -> dict[str, Any]:
 def evaluate(solver: str, quick: bool = True, repeats: int = 3, count: int = 12, seed: int = 2024) -> Evaluation:
     """Time every runnable implementation on held-out problems and score the models' choice."""
     spec = get_solver(solver)
+    count, repeats = check_int("count", count, minimum=1), check_int("repeats", repeats, minimum=1)
+    seed = check_seed("seed", seed)
     ensure_calibrated(spec)
     report = Evaluation(spec.name)
     fields = list(spec.space(quick).ranges) + list(spec.space(quick).choices) if spec.space else [spec.size_axis]

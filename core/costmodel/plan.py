@@ -50,6 +50,7 @@ from core.registry import get_registry, get_solver
 from core.result import Plan, Prediction
 from core.running import exclusion, find_solver, implementations
 from core.solver import SolverSpec, backend_of
+from core.validation import check_float
 
 MIN_ERROR, EXTRAPOLATED_ERROR = 0.02, 0.5
 MIN_MARGIN, MAX_MARGIN = 0.02, 0.10
@@ -111,6 +112,8 @@ def plan(problem: Any, *, solver: str | None = None, expected_calls: float | Non
     deriving it from the models' errors.
     """
     spec = get_solver(solver) if solver is not None else find_solver(problem)
+    if margin is not None:
+        margin = check_float("margin", margin, minimum=0)
     if calibrate:
         ensure_calibrated(spec)
     calls = effective_calls(spec, expected_calls)
