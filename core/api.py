@@ -20,11 +20,10 @@ from core.errors import (
     BackendUnavailableError,
     NotEnoughMemoryError,
     ProblemError,
-    UnknownBackendError,
 )
 from core.registry import get_registry, get_solver
 from core.result import Plan, Result
-from core.running import check_backend, exclusion, find_solver, probe, run_once
+from core.running import check_backend, exclusion, find_solver, probe, registered_backend, run_once
 from core.solver import SolverSpec, backend_of
 
 
@@ -56,10 +55,7 @@ def backends(describe: bool = True) -> dict[str, BackendStatus]:
 
 def availability(name: str) -> Availability:
     """Whether the named backend runs here (unknown names raise)."""
-    registry = get_registry()
-    if name not in registry.backends:
-        raise UnknownBackendError(f"unknown backend {name!r}; registered backends: {', '.join(registry.backends)}")
-    return probe(registry.backends[name])
+    return probe(registered_backend(name))
 
 
 def _named(spec: SolverSpec, problem: Any, name: str, expected_calls: float | None) -> Plan:

@@ -63,21 +63,25 @@ def implementations(spec: SolverSpec) -> dict[str, Implementation]:
     return found
 
 
+def registered_backend(name: str) -> Backend:
+    """The backend that ``name`` (or ``name:variant``) names, or the one-line error listing the registered ones."""
+    backends = get_registry().backends
+    if backend_of(name) not in backends:
+        raise UnknownBackendError(f"unknown backend {name!r}; registered backends: {', '.join(backends)}")
+    return backends[backend_of(name)]
+
+
 def check_backend(spec: SolverSpec, name: str) -> tuple[str, ...]:
     """The implementation keys that ``name`` (a backend or ``backend:variant``) selects, or a one-line error."""
-    registry = get_registry()
-    backend_name = backend_of(name)
-    if backend_name not in registry.backends:
-        raise UnknownBackendError(
-            f"unknown backend {name!r}; registered backends: {', '.join(registry.backends)}")
+    backend = registered_backend(name)
     known = implementations(spec)
     keys = (name,) if name in known else tuple(k for k in known if ":" not in name and backend_of(k) == name)
     if not keys:
         raise UnknownBackendError(
             f"solver {spec.name!r} has no {name!r} implementation; it runs on: {', '.join(known)}")
-    status = probe(registry.backends[backend_name])
+    status = probe(backend)
     if not status.available:
-        raise BackendUnavailableError(f"backend {backend_name!r} is unavailable here: {status.reason}")
+        raise BackendUnavailableError(f"backend {backend.name!r} is unavailable here: {status.reason}")
     return keys
 
 

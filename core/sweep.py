@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.api import solve
-from core.errors import CrossoverError, TaskFailedError, UnknownBackendError, WorkerCrashedError
+from core.errors import CrossoverError, TaskFailedError, WorkerCrashedError
 from core.registry import get_registry, get_solver
+from core.running import registered_backend
 from core.solver import SolverSpec, backend_of, problem_from_params
 from core.tasks import backend_for_map, map_tasks, parallelism
 
@@ -112,8 +113,7 @@ def _mapping_backend(backend: str, n_points: int, workers: int | None) -> str | 
         except CrossoverError:  # no pool here: the points run in this process
             return None
         return "process" if (workers or parallelism("process")) > 1 else None
-    if backend_of(backend) not in backends:
-        raise UnknownBackendError(f"unknown backend {backend!r}; registered backends: {', '.join(backends)}")
+    registered_backend(backend)  # an unknown name is one clear error
     return backend if backends[backend_of(backend)].map is not None and ":" not in backend else None
 
 

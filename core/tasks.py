@@ -20,7 +20,7 @@ import numpy as np
 from core.backend import Backend
 from core.errors import BackendUnavailableError, UnknownBackendError
 from core.registry import get_registry
-from core.running import probe
+from core.running import probe, registered_backend
 from core.seeded_tasks import ResultCallback, TaskFn, readonly_views, run_serially, task_labels, task_seeds
 
 __all__ = ["ResultCallback", "TaskFn", "backend_for_map", "map_tasks", "mapping_backends", "parallelism",
@@ -32,16 +32,9 @@ def mapping_backends() -> list[str]:
     return [name for name, backend in get_registry().backends.items() if backend.map is not None]
 
 
-def _registered(name: str) -> Backend:
-    backends = get_registry().backends
-    if name not in backends:
-        raise UnknownBackendError(f"unknown backend {name!r}; registered backends: {', '.join(backends)}")
-    return backends[name]
-
-
 def backend_for_map(name: str) -> Backend:
     """The backend that will run a map, or a one-line error saying why ``name`` cannot."""
-    backend = _registered(name)
+    backend = registered_backend(name)
     if backend.map is None:
         raise UnknownBackendError(f"backend {name!r} cannot map tasks; backends that can: "
                                   f"{', '.join(mapping_backends()) or 'none'}")
@@ -78,7 +71,7 @@ def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarr
 
 def parallelism(backend: str) -> int:
     """How many tasks ``backend`` runs at once (the pool's workers, the cluster's slots)."""
-    runner = _registered(backend)
+    runner = registered_backend(backend)
     if runner.parallelism is None:
         able = [name for name, b in get_registry().backends.items() if b.parallelism is not None]
         raise UnknownBackendError(f"backend {backend!r} does not run tasks in parallel; backends that do: "
