@@ -6,9 +6,12 @@ third-party plugin supplies one by filling in a :class:`Backend`.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+from core.errors import PluginWarning
 
 
 class Availability(NamedTuple):
@@ -60,6 +63,31 @@ def safe_probe(backend: Backend) -> Availability:
         # a probe that answers True, or a bare tuple, could hide a broken check: say so instead
         return Availability(False, f"probe returned {type(result).__name__}, expected core.Availability")
     return result
+
+
+_free_memory_faults: set[str] = set()
+
+
+def safe_free_memory(backend: Backend) -> float | None:
+    """A backend's free memory, or None (unknown: nothing excluded) where asking raised or answered nonsense.
+
+    A broken third-party ``free_memory`` is blamed by name once per process,
+    and planning goes on as if that backend's memory were unknown.
+    """
+    try:
+        free = backend.free_memory()
+        if free is None:
+            return None
+        free = float(free)
+        if free != free or free < 0:  # NaN or negative: as useless as an exception
+            raise ValueError(f"returned {free!r}, expected bytes >= 0 or None")
+        return free
+    except (Exception, SystemExit) as exc:
+        if backend.name not in _free_memory_faults:
+            _free_memory_faults.add(backend.name)
+            warnings.warn(f"backend {backend.name!r}: free_memory() failed ({type(exc).__name__}: {exc}); "
+                          "treating its free memory as unknown", PluginWarning, stacklevel=2)
+        return None
 
 
 def safe_describe(backend: Backend) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from core.solver import SolverSpec, check_spec
 from core.validation import env_flag
 
 ENTRY_POINT_GROUP = "crossover.plugins"
+OWN_DISTRIBUTION = "crossover"  # whose entry points are the built-in plugins
 
 
 @dataclass
@@ -79,14 +80,15 @@ def _build() -> Registry:
         registry.backends[backend.name] = backend
     registry.plugins["core"] = PluginInfo("core", "builtin", _version("crossover"),
                                           backends=list(registry.backends))
+    strict()  # a misspelt value is an error now, not only once some plugin fails
     if not env_flag("CROSSOVER_DISABLE_PLUGIN_AUTOLOAD"):
-        for entry_point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        for entry_point in _load_order(entry_points(group=ENTRY_POINT_GROUP)):
             dist = entry_point.dist.name if entry_point.dist else "?"
             version = entry_point.dist.version if entry_point.dist else ""
             info = PluginInfo(entry_point.name, f"entry point of {dist}", version)
             try:
                 plugin = entry_point.load()
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # a plugin that calls sys.exit must not end the registry
                 _skip(registry, info, f"failed to import ({entry_point.value}): {type(exc).__name__}: {exc}")
                 continue
             try:
@@ -94,6 +96,16 @@ def _build() -> Registry:
             except PluginError as exc:
                 _skip(registry, info, str(exc))
     return registry
+
+
+def _load_order(found: Any) -> list:
+    """crossover's own plugins first, then third parties', each by name.
+
+    Solver names are unique and the first to register one keeps it, so a
+    third-party plugin that reuses a built-in solver's name is the one
+    skipped (with a warning naming both), never the built-in.
+    """
+    return sorted(found, key=lambda e: ((e.dist.name if e.dist else "") != OWN_DISTRIBUTION, e.name))
 
 
 def _version(dist: str) -> str:
@@ -166,7 +178,7 @@ def _collect(manager: pluggy.PluginManager, plugin: Any, name: str) -> tuple[lis
                 continue
             try:
                 returned = impl.function()
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:
                 raise PluginError(f"hook {hook_name} raised {type(exc).__name__}: {exc}") from exc
             if returned is None:
                 continue

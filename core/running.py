@@ -10,8 +10,8 @@ import functools
 import time
 from typing import Any
 
-from core.backend import Availability, Backend, safe_probe
-from core.errors import BackendUnavailableError, ProblemError, UnknownBackendError
+from core.backend import Availability, Backend, safe_free_memory, safe_probe
+from core.errors import BackendUnavailableError, PluginError, ProblemError, UnknownBackendError
 from core.registry import get_registry
 from core.result import as_arrays
 from core.solver import Implementation, SolverSpec, backend_of
@@ -89,6 +89,18 @@ def _gib(nbytes: float) -> str:
     return f"{nbytes / 2**30:.2f} GiB"
 
 
+def memory_need(spec: SolverSpec, problem: Any, implementation: str) -> float:
+    """The plugin's estimate of peak bytes, checked: a non-number or a negative estimate is the plugin's fault."""
+    need = spec.memory(problem, implementation)
+    try:
+        need = float(need)
+    except (TypeError, ValueError, OverflowError):
+        raise PluginError(f"solver {spec.name!r}: memory() returned {need!r:.60}, expected bytes") from None
+    if need != need or need < 0:
+        raise PluginError(f"solver {spec.name!r}: memory() returned {need!r}, expected bytes >= 0")
+    return need
+
+
 def exclusion(spec: SolverSpec, problem: Any, implementation: str) -> str:
     """Why ``implementation`` cannot run ``problem`` here, or "" (availability, support, memory)."""
     backend = get_registry().backends.get(backend_of(implementation))
@@ -100,7 +112,11 @@ def exclusion(spec: SolverSpec, problem: Any, implementation: str) -> str:
     unsupported = spec.supports(problem, implementation)
     if unsupported:
         return f"unsupported: {unsupported}"
-    need, free = float(spec.memory(problem, implementation)), backend.free_memory()
+    try:
+        need = memory_need(spec, problem, implementation)
+    except PluginError as exc:  # the plugin's fault: this implementation is out, the others go on
+        return f"memory estimate failed: {exc}"
+    free = safe_free_memory(backend)
     if free is not None and need > free:
         return f"not enough memory: needs {_gib(need)}, {_gib(free)} free"
     return ""

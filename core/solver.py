@@ -14,6 +14,7 @@ chosen on its own, so no plugin needs a size rule to pick its variant.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import math
 import numbers
@@ -150,6 +151,7 @@ def check_spec(spec: object, plugin_name: str) -> SolverSpec:
     if not isinstance(spec.name, str) or not SOLVER_NAME.match(spec.name):
         raise PluginError(f"plugin {plugin_name!r}: solver name {spec.name!r} must look like 'plugin.solver' "
                           "(lower case, dot-separated)")
+    spec = guard_spec(spec, plugin_name)  # from here on, a fault in the spec's functions names the plugin
     if not dataclasses.is_dataclass(spec.problem_type):
         raise PluginError(f"{where} problem_type must be a dataclass")
     if not spec.implementations and spec.parallel is None:
@@ -169,7 +171,9 @@ def check_spec(spec: object, plugin_name: str) -> SolverSpec:
         raise PluginError(f"{where} declares neither a size space nor a ladder: the core cannot calibrate it")
     try:
         default = spec.default_problem()
-    except Exception as exc:
+    except PluginError:
+        raise
+    except Exception as exc:  # the problem type's own validation rejected the plugin's default
         raise PluginError(f"{where} default_problem() raised {type(exc).__name__}: {exc}") from exc
     size = getattr(default, spec.size_axis, None)
     if isinstance(size, bool) or not isinstance(size, numbers.Real):
@@ -192,6 +196,8 @@ def check_spec(spec: object, plugin_name: str) -> SolverSpec:
 def _check_features(spec: SolverSpec, problem: Any, where: str) -> None:
     try:
         features = spec.features(problem)
+    except PluginError:
+        raise
     except Exception as exc:
         raise PluginError(f"{where} features() raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(features, Mapping) or not features:
@@ -231,6 +237,40 @@ def _check_ladder(spec: SolverSpec, ladder: object, where: str) -> None:
         if not isinstance(problem, spec.problem_type):
             raise PluginError(f"{where} ladder() holds a {type(problem).__name__}, expected "
                               f"{spec.problem_type.__name__}")
+
+
+# the spec's own functions (not its implementations: a solve's error is the solve's) that the core calls
+# while planning, calibrating and reporting; a fault in one of them is the plugin's, and says so
+_GUARDED = ("features", "memory", "supports", "space", "ladder", "default_problem", "parallel_tasks",
+            "compile_key", "work_done", "summarize", "default_params")
+
+
+def _guarded(fn: Callable[..., Any], where: str, what: str) -> Callable[..., Any]:
+    """``fn``, with any fault but the library's own errors turned into a PluginError naming the culprit.
+
+    ``SystemExit`` is caught too: a plugin that calls ``sys.exit`` must not end
+    the user's process. KeyboardInterrupt still stops everything.
+    """
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CrossoverError:
+            raise
+        except (Exception, SystemExit) as exc:
+            raise PluginError(f"{where}: {what}() raised {type(exc).__name__}: {exc}") from exc
+
+    call.__crossover_guarded__ = True  # type: ignore[attr-defined]
+    return call
+
+
+def guard_spec(spec: SolverSpec, plugin_name: str) -> SolverSpec:
+    """The same spec with its descriptive functions guarded (see :func:`_guarded`)."""
+    where = f"plugin {plugin_name!r}: solver {spec.name!r}"
+    changes = {name: _guarded(fn, where, name) for name in _GUARDED
+               if (fn := getattr(spec, name)) is not None and not getattr(fn, "__crossover_guarded__", False)}
+    return dataclasses.replace(spec, **changes)
 
 
 def problem_from_params(spec: SolverSpec, params: Mapping[str, Any]) -> Any:

@@ -28,7 +28,7 @@ from core.costmodel import history
 from core.costmodel.design import calibration_design
 from core.costmodel.features import feature_names, model_features
 from core.costmodel.fit import Sample, fit
-from core.errors import CrossoverError
+from core.errors import CrossoverError, PluginError
 from core.registry import get_registry, get_solver
 from core.running import exclusion, implementations, probe, run_once
 from core.solver import SolverSpec, backend_of
@@ -56,6 +56,7 @@ class SolverCalibration:
     seconds: float = 0.0
     problems: int = 0
     backends: list[BackendCalibration] = field(default_factory=list)
+    error: str = ""  # why this solver was not calibrated at all (its plugin's fault)
 
 
 # sub-millisecond runs jitter by tens of percent, so short samples are repeated
@@ -162,7 +163,11 @@ def calibrate_solver(spec: SolverSpec, *, quick: bool = True, budget: float | No
 def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: float, repeats: int,
                  first_run: dict[str, bool]) -> None:
     key = climb.row.backend
-    if exclusion(spec, problem, key):
+    why = exclusion(spec, problem, key)
+    if why.startswith("memory estimate failed"):  # the plugin's fault, not this size's: stop, and say why
+        climb.row.stopped, climb.done = why, True
+        return
+    if why:
         climb.row.skipped += 1
         return
     if climb.capped:
@@ -175,6 +180,9 @@ def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: floa
         warm_up, seconds = measure(spec, key, problem, repeats)
     except CrossoverError as exc:
         climb.row.stopped, climb.done = f"failed: {exc}", True
+        return
+    except (Exception, SystemExit) as exc:  # a broken implementation stops itself, not the calibration
+        climb.row.stopped, climb.done = f"failed: {type(exc).__name__}: {exc}", True
         return
     finally:
         climb.row.seconds_spent += time.perf_counter() - began
@@ -192,7 +200,18 @@ def calibrate(solvers: Iterable[str] | None = None, *, quick: bool = True, budge
               progress: bool = False) -> list[SolverCalibration]:
     """Calibrate the named solvers (all registered ones by default) on every available implementation."""
     names = list(solvers) if solvers is not None else sorted(get_registry().solvers)
-    return [calibrate_solver(get_solver(name), quick=quick, budget=budget, progress=progress) for name in names]
+    specs = [get_solver(name) for name in names]  # an unknown name is the caller's mistake: before any work
+    return [_calibrate_or_blame(spec, quick=quick, budget=budget, progress=progress) for spec in specs]
+
+
+def _calibrate_or_blame(spec: SolverSpec, **options: Any) -> SolverCalibration:
+    """One solver's calibration; a fault in its plugin is reported on its row and the others go on."""
+    try:
+        return calibrate_solver(spec, **options)
+    except PluginError as exc:
+        owner = get_registry().solver_owner.get(spec.name, "?")
+        log.warning("calibration of %s (plugin %r) failed and was skipped: %s", spec.name, owner, exc)
+        return SolverCalibration(spec.name, error=str(exc))
 
 
 def ensure_calibrated(spec: SolverSpec) -> None:

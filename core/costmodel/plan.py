@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from core.backend import safe_free_memory
 from core.costmodel import history
 from core.costmodel.calibrate import ensure_calibrated
 from core.costmodel.design import with_size
@@ -48,7 +49,7 @@ from core.costmodel.fit import CostModel
 from core.errors import AutoSelectionError
 from core.registry import get_registry, get_solver
 from core.result import Plan, Prediction
-from core.running import exclusion, find_solver, implementations
+from core.running import exclusion, find_solver, implementations, memory_need
 from core.solver import SolverSpec, backend_of
 from core.validation import check_float
 
@@ -147,7 +148,7 @@ def plan(problem: Any, *, solver: str | None = None, expected_calls: float | Non
     thresholds = ()
     if explain:
         runnable = {k: m for k, m in models.items() if not excluded.get(k, "").startswith(("unavailable", "unsupp"))}
-        free = {k: backends[backend_of(k)].free_memory() for k in runnable}
+        free = {k: safe_free_memory(backends[backend_of(k)]) for k in runnable}
         thresholds = tuple(break_even(spec, problem, runnable, free))
     return Plan(solver=spec.name, backend=chosen, reason=reason, predictions=predictions, excluded=excluded,
                 break_even=thresholds, measure=to_measure, close=close, expected_calls=calls, confident=confident)
@@ -221,7 +222,7 @@ def curves(spec: SolverSpec, problem: Any, models: Mapping[str, CostModel], grid
         base = spec.features(resized)
         for name, fitted in models.items():
             free = free_memory.get(name)
-            if free is not None and float(spec.memory(resized, name)) > free:
+            if free is not None and memory_need(spec, resized, name) > free:
                 continue
             if spec.supports(resized, name):
                 continue
