@@ -50,6 +50,18 @@ class BackendCalibration:
     skipped: int = 0
 
 
+class CalibrationInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a calibration, raised after what was measured was stored.
+
+    ``kept`` lists ``(solver, implementation, samples)`` for every
+    implementation whose samples are in the wisdom store.
+    """
+
+    def __init__(self, kept: list[tuple[str, str, int]]):
+        super().__init__(f"calibration interrupted; kept the timings of {len(kept)} implementations")
+        self.kept = kept
+
+
 @dataclass
 class SolverCalibration:
     solver: str
@@ -127,6 +139,7 @@ def calibrate_solver(spec: SolverSpec, *, quick: bool = True, budget: float | No
     climbs = [_Climb(BackendCalibration(name)) for name in names]
     report.backends = [climb.row for climb in climbs]
     bar, task = _progress(progress, f"calibrating {spec.name}", len(names) * len(design))
+    interrupted = False
     try:
         for climb in climbs:
             was_paid = history.is_paid(spec, climb.row.backend, design[0])
@@ -148,6 +161,8 @@ def calibrate_solver(spec: SolverSpec, *, quick: bool = True, budget: float | No
                     climb.row.stopped, climb.done = f"budget of {budget:g} s spent", True
                     continue
                 _measure_one(spec, problem, climb, sample_cap, settings["repeats"], first_run)
+    except KeyboardInterrupt:  # Ctrl-C: store what was measured below, then stop
+        interrupted = True
     finally:
         if bar is not None:
             bar.stop()
@@ -157,6 +172,8 @@ def calibrate_solver(spec: SolverSpec, *, quick: bool = True, budget: float | No
             history.record_calibration(spec, climb.row.backend, climb.records, climb.row.one_off_seconds, details)
         climb.row.samples = len(climb.records)
     report.seconds = time.perf_counter() - began
+    if interrupted:
+        raise CalibrationInterrupted([(spec.name, c.row.backend, len(c.records)) for c in climbs if c.records])
     return report
 
 
@@ -201,7 +218,14 @@ def calibrate(solvers: Iterable[str] | None = None, *, quick: bool = True, budge
     """Calibrate the named solvers (all registered ones by default) on every available implementation."""
     names = list(solvers) if solvers is not None else sorted(get_registry().solvers)
     specs = [get_solver(name) for name in names]  # an unknown name is the caller's mistake: before any work
-    return [_calibrate_or_blame(spec, quick=quick, budget=budget, progress=progress) for spec in specs]
+    reports: list[SolverCalibration] = []
+    for spec in specs:
+        try:
+            reports.append(_calibrate_or_blame(spec, quick=quick, budget=budget, progress=progress))
+        except CalibrationInterrupted as exc:  # the solvers calibrated before it are kept too
+            exc.kept[:0] = [(r.solver, row.backend, row.samples) for r in reports for row in r.backends if row.samples]
+            raise
+    return reports
 
 
 def _calibrate_or_blame(spec: SolverSpec, **options: Any) -> SolverCalibration:
