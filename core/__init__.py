@@ -20,6 +20,7 @@ from core.errors import (
     PluginWarning,
     ProblemError,
     TaskFailedError,
+    TooLongError,
     UnknownBackendError,
     UnknownSolverError,
     WorkerCrashedError,
@@ -40,5 +41,6 @@ __all__ = [
     "UnknownSolverError", "WorkerCrashedError", "availability", "backends", "hookimpl",
     "make_problem", "register", "solve", "solvers", "unregister", "__version__",
     "calibrate", "evaluate", "plan", "sweep", "SweepPoint", "SizeSpace", "lazy", "NotEnoughMemoryError",
+    "TooLongError",
 ]
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from core import limits
 from core.backend import Availability, safe_describe
 from core.costmodel import history
 from core.costmodel.features import model_features
@@ -113,7 +114,7 @@ def _measure(spec: SolverSpec, problem: Any, decision: Plan) -> tuple[str, dict,
 
 
 def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
-          expected_calls: float | None = None) -> Result:
+          expected_calls: float | None = None, max_seconds: float | None = None) -> Result:
     """Run ``problem`` and return its outputs with the measured wall time.
 
     ``backend="auto"`` follows :func:`core.plan` (calibrating once if this
@@ -122,8 +123,12 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     error saying why it cannot. ``solver`` names the solver when several
     take the same problem type; ``expected_calls`` spreads unpaid one-off
     costs (JIT, pool start) over that many calls (default: learnt from the
-    calls this process makes, see :mod:`core.costmodel.plan`).
+    calls this process makes, see :mod:`core.costmodel.plan`). A run
+    predicted to take longer than ``max_seconds`` (default: one hour, or
+    ``CROSSOVER_MAX_SECONDS``; ``inf`` for none) is refused before it starts,
+    with :class:`~core.errors.TooLongError` giving the prediction.
     """
+    limit = limits.max_seconds(max_seconds)
     spec = get_solver(solver) if solver is not None else find_solver(problem)
     if not isinstance(problem, spec.problem_type):
         raise ProblemError(f"solver {spec.name!r} takes a {spec.problem_type.__name__}, "
@@ -134,6 +139,7 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
         tier_up(spec, decision)
     else:
         decision = _named(spec, problem, backend, expected_calls)
+    _refuse_if_too_long(spec, problem, decision, limit)
     if decision.measure:
         used, outputs, seconds, decision = _measure(spec, problem, decision)
         first = False
@@ -143,6 +149,23 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     return Result(solver=spec.name, backend=used, seconds=seconds, outputs=outputs, plan=decision,
                   diagnostics={"problem": type(problem).__name__, "first_call": first,
                                "non_finite_outputs": _non_finite(outputs)})
+
+
+def _refuse_if_too_long(spec: SolverSpec, problem: Any, decision: Plan, limit: float) -> None:
+    """Nothing starts that the models predict to run past the limit (the fastest candidate, if measuring)."""
+    keys = decision.measure or (decision.backend,)
+    predicted = {key: _predicted_seconds(spec, problem, key, decision) for key in keys}
+    known = {key: s for key, s in predicted.items() if s is not None}
+    if len(known) == len(keys):
+        key = min(known, key=known.__getitem__)
+        limits.refuse_if_too_long(spec.name, key, known[key], limits.predicted_memory(spec, problem, key), limit)
+
+
+def _predicted_seconds(spec: SolverSpec, problem: Any, key: str, decision: Plan) -> float | None:
+    if key in decision.predictions and decision.predictions[key].seconds is not None:
+        return decision.predictions[key].seconds
+    fitted = history.model(spec, key)  # a named backend's plan may carry no predictions
+    return None if fitted is None else max(0.0, fitted.predict(model_features(spec, problem, key))[0])
 
 
 def _non_finite(outputs: dict) -> list[str]:

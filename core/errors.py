@@ -65,5 +65,9 @@ class PluginWarning(UserWarning):
     """A plugin was skipped; the rest of crossover keeps working."""
 
 
+class TooLongError(CrossoverError, RuntimeError):
+    """A run is predicted to take longer than the caller's limit (``max_seconds``); nothing was started."""
+
+
 class NotEnoughMemoryError(CrossoverError, MemoryError):
     """The problem's memory estimate does not fit the backend's device (the message gives both)."""

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from core import limits
 from core.backend import safe_free_memory
 from core.costmodel import history
 from core.costmodel.calibrate import ensure_calibrated
@@ -150,6 +151,10 @@ def plan(problem: Any, *, solver: str | None = None, expected_calls: float | Non
         runnable = {k: m for k, m in models.items() if not excluded.get(k, "").startswith(("unavailable", "unsupp"))}
         free = {k: safe_free_memory(backends[backend_of(k)]) for k in runnable}
         thresholds = tuple(break_even(spec, problem, runnable, free))
+    warning = limits.too_long(spec.name, chosen, predictions[chosen].seconds,
+                              limits.predicted_memory(spec, problem, chosen), limits.max_seconds())
+    if warning:  # say it in the plan too, so `crossover plan` warns before `crossover run` refuses
+        reason = f"{reason}; WARNING: {warning}"
     return Plan(solver=spec.name, backend=chosen, reason=reason, predictions=predictions, excluded=excluded,
                 break_even=thresholds, measure=to_measure, close=close, expected_calls=calls, confident=confident)
 

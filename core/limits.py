@@ -1,0 +1,82 @@
+"""How long a run may be predicted to take before crossover refuses to start it.
+
+A plan that picks a 7.5-day run, then a solve that fills the machine's
+memory, is the worst first hour a user can have. So a solve whose chosen
+implementation is predicted to take longer than a limit is refused before
+anything starts, with the prediction and the memory estimate in the
+message; a plan says the same in its reason. The limit is one hour by
+default, ``max_seconds=`` per call or ``CROSSOVER_MAX_SECONDS`` per
+environment; ``inf`` lifts it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from core.errors import TooLongError
+from core.validation import fail
+
+DEFAULT_MAX_SECONDS = 3600.0
+ENVIRONMENT = "CROSSOVER_MAX_SECONDS"
+
+
+def max_seconds(value: float | None = None) -> float:
+    """The limit: ``value`` if given, else ``CROSSOVER_MAX_SECONDS``, else one hour (checked either way)."""
+    if value is not None:
+        return _positive("max_seconds", value)
+    text = os.environ.get(ENVIRONMENT, "").strip()
+    return _positive(ENVIRONMENT, text) if text else DEFAULT_MAX_SECONDS
+
+
+def _positive(field: str, value: object) -> float:
+    """A number of seconds > 0, ``inf`` (no limit) allowed; text is read as a number."""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        number = math.nan
+    if not number > 0:  # NaN too
+        raise fail(field, value, "must be a number of seconds > 0, or inf for no limit")
+    return number
+
+
+def duration(seconds: float) -> str:
+    """Seconds as a person reads them: ``4.2 s``, ``12 min``, ``3.1 h``, ``7.5 days``."""
+    for unit, size in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
+
+
+def size(nbytes: float) -> str:
+    for unit, scale in (("TiB", 2.0**40), ("GiB", 2.0**30), ("MiB", 2.0**20)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes / 1024:.3g} KiB"
+
+
+def too_long(solver: str, implementation: str, seconds: float | None, memory: float | None,
+             limit: float) -> str:
+    """Why this run is refused, or "" (no prediction, or within the limit)."""
+    if seconds is None or not seconds > limit:
+        return ""
+    needs = f", needing about {size(memory)}" if memory else ""
+    return (f"{solver} on {implementation} is predicted to take {duration(seconds)}{needs}, over the limit of "
+            f"{duration(limit)}; pass max_seconds= (or set {ENVIRONMENT}, 'inf' for none) to run it anyway")
+
+
+def refuse_if_too_long(solver: str, implementation: str, seconds: float | None, memory: float | None,
+                       limit: float) -> None:
+    """Raise :class:`TooLongError` before a run predicted above ``limit`` starts."""
+    why = too_long(solver, implementation, seconds, memory, limit)
+    if why:
+        raise TooLongError(why)
+
+
+def predicted_memory(spec: Any, problem: Any, implementation: str) -> float | None:
+    """The plugin's memory estimate, or None where it cannot give one (the message then leaves it out)."""
+    try:
+        return float(spec.memory(problem, implementation))
+    except Exception:  # only decorates a message; the plan has already blamed a broken estimate
+        return None
