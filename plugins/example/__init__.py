@@ -6,9 +6,12 @@ tutorial in ``docs/plugins.md``.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from core import SolverSpec, hookimpl
+from core.formatting import with_error
 from core.solver import SizeSpace, lazy
 from plugins.example.problem import RandomWalkProblem
 
@@ -46,9 +49,18 @@ def _memory(problem: RandomWalkProblem, backend: str) -> float:
 
 
 def _summarize(problem: RandomWalkProblem, outputs) -> str:
-    return (f"mean {float(outputs['mean']):+.4f} (exact {problem.exact_mean:+.4f}), "
-            f"variance {float(outputs['variance']):.3f} (exact {problem.exact_variance:.3f}), "
-            f"{int(np.sum(outputs['histogram']))}/{problem.n_walkers} walkers binned")
+    """Mean and variance with their standard errors, so that two runs agree within the digits shown.
+
+    The end points are Gaussian: the mean's standard error is sqrt(var/n),
+    the variance's var*sqrt(2/(n-1)).
+    """
+    n, mean, variance = problem.n_walkers, float(outputs["mean"]), float(outputs["variance"])
+    mean_error = math.sqrt(max(variance, 0.0) / n)
+    variance_error = abs(variance) * math.sqrt(2.0 / (n - 1)) if n > 1 else math.inf
+    binned = int(np.sum(outputs["histogram"]))
+    return (f"mean {with_error(mean, mean_error)} (exact {problem.exact_mean:g}), "
+            f"variance {with_error(variance, variance_error)} (exact {problem.exact_variance:g}), "
+            f"{binned:,}/{n:,} walkers binned")
 
 
 def _spec() -> SolverSpec:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.formatting import with_error
 from core.solver import SizeSpace, SolverSpec, lazy
 from plugins.mfg import work
 from plugins.mfg.fp.common import all_steps_unsupported
@@ -42,12 +43,39 @@ def fp_supports(problem: FPProblem, implementation: str) -> str:
     return ""
 
 
+# -- one-line summaries ----------------------------------------------------------------
+# Monte Carlo answers are printed with their standard errors (core.formatting.with_error), never as the
+# argmax of a density or a residual near the tolerance: two correct runs then agree within the digits shown.
+
+MASS_TOLERANCE = 1e-9
+
+
+def mass_text(mass) -> str:
+    """``mass 1`` when every time step holds unit mass to 1e-9 (the KDE normalises it), else the range."""
+    mass = np.asarray(mass, dtype=float)
+    if mass.size and np.all(np.abs(mass - 1.0) <= MASS_TOLERANCE):
+        return "mass 1 (within 1e-9)"
+    return f"mass {np.min(mass):.6f}..{np.max(mass):.6f}"
+
+
+def density_moments(problem, density) -> tuple[float, float]:
+    """Mean and standard deviation of a density on the problem's grid (its quadrature weights)."""
+    weights = problem.weights() * np.asarray(density, dtype=float)
+    total = weights.sum()
+    mean = float(weights @ problem.x / total)
+    return mean, float(np.sqrt(max(weights @ (problem.x - mean) ** 2 / total, 0.0)))
+
+
+def spread_text(mean: float, std: float, mean_error: float, std_error: float) -> str:
+    return f"mean {with_error(mean, mean_error)}, std {with_error(std, std_error)}"
+
+
 def fp_summary(problem: FPProblem, outputs) -> str:
-    mass = np.asarray(outputs["mass"])
-    final = np.asarray(outputs["M"])[-1]
-    peak = problem.x[int(np.argmax(final))]
-    return (f"N={problem.N:,} particles, {problem.Nt} steps: mass {mass.min():.12f}..{mass.max():.12f}, "
-            f"final density peaks at x={peak:.3f}")
+    """Mass, and the particles' mean and spread at T with their standard errors (std/sqrt(N), std/sqrt(2N))."""
+    mean, variance = np.asarray(outputs["moments"], dtype=float)[-1]
+    std = float(np.sqrt(max(variance, 0.0)))
+    return (f"N={problem.N:,} particles, {problem.Nt} steps: {mass_text(outputs['mass'])}; at T: "
+            f"{spread_text(float(mean), std, std / np.sqrt(problem.N), std / np.sqrt(2.0 * problem.N))}")
 
 
 FP_PARTICLE = SolverSpec(
@@ -117,10 +145,16 @@ def fixed_point_space(quick: bool) -> SizeSpace:
 
 
 def fixed_point_summary(problem: MFGProblem, outputs) -> str:
-    history = np.asarray(outputs["history"])
-    last = history[-1] if len(history) else [np.nan] * 4
+    """Convergence, and the density's mean and spread at T.
+
+    The errors are those of one N-particle sample (std/sqrt(N)); the final
+    density is a damped average of the iterates' samples, no noisier than one.
+    """
+    mean, std = density_moments(problem, np.asarray(outputs["M"])[-1])
+    n = float(problem.N)
     return (f"{'converged' if bool(outputs['converged']) else 'NOT converged'} after "
-            f"{int(outputs['iterations'])} iterations (relative L2 change U {last[1]:.1e}, M {last[3]:.1e})")
+            f"{int(outputs['iterations'])} Picard iterations; density at T: "
+            f"{spread_text(mean, std, std / np.sqrt(n), std / np.sqrt(2.0 * n))}")
 
 
 FIXED_POINT = SolverSpec(
@@ -155,9 +189,20 @@ def common_noise_space(quick: bool) -> SizeSpace:
 
 
 def common_noise_summary(problem: CommonNoiseProblem, outputs) -> str:
-    error = float(np.max(outputs["M_mc_error"]))
-    return (f"K={problem.K} paths, {int(np.sum(outputs['converged']))} converged; "
-            f"max Monte Carlo error of mean M {error:.2e}")
+    """Paths converged, and the path-averaged density's mean and spread at T with a bound on their error.
+
+    ``M_mc_error`` is the standard error over paths at each grid point; the
+    standard error of a weighted sum is at most the weighted sum of the
+    points' errors (the triangle inequality), which bounds the mean's. The
+    spread's error is bounded the same way, from the second moment.
+    """
+    final, error = np.asarray(outputs["M_mean"])[-1], np.asarray(outputs["M_mc_error"])[-1]
+    mean, std = density_moments(problem, final)
+    weights = problem.weights()
+    mean_error = float(weights @ (np.abs(problem.x - mean) * error))
+    std_error = float(weights @ ((problem.x - mean) ** 2 * error)) / (2 * std) if std > 0 else np.inf
+    return (f"K={problem.K} paths, {int(np.sum(outputs['converged']))}/{problem.K} converged; mean density at T: "
+            f"{spread_text(mean, std, mean_error, std_error)}")
 
 
 COMMON_NOISE = SolverSpec(
