@@ -53,15 +53,25 @@ def convert_params(problem_type: type, params: Mapping[str, Any] | None) -> dict
     return {name: _convert(name, value, types[name]) for name, value in params.items()}
 
 
+# what a text value must look like, in the words core.validation uses for the same field
+_EXPECTED = {int: "must be an integer", float: "must be a finite number", bool: "must be true or false"}
+_BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
 def _convert(name: str, value: Any, annotation: Any) -> Any:
-    """Convert CLI text to the field's scalar type; other values pass through."""
+    """Convert CLI text to the field's scalar type; other values pass through.
+
+    Text that does not parse is passed on unchanged where the field also takes
+    text (``bandwidth: float | str``), so the field's own validator names the
+    choices; otherwise it is refused here in the validators' words.
+    """
     if not isinstance(value, str):
         return value
     target = _scalar_type(annotation)
-    if target is None or target is str:
-        return None if value.lower() == "none" and _allows_none(annotation) else value
     if value.lower() == "none" and _allows_none(annotation):
         return None
+    if target is None or target is str:
+        return value
     try:
         if target is int:
             text = value.replace("_", "")
@@ -73,9 +83,11 @@ def _convert(name: str, value: Any, annotation: Any) -> Any:
         if target is float:
             return float(value)
         if target is bool:
-            return {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}[value.lower()]
-    except (ValueError, KeyError):
-        raise ProblemError(f"{name}={value!r} is invalid: must be a {target.__name__}") from None
+            return _BOOLEANS[value.lower()]
+    except (ValueError, KeyError, OverflowError):
+        if str in typing.get_args(annotation):
+            return value
+        raise ProblemError(f"{name}={value!r} is invalid: {_EXPECTED[target]}") from None
     return value
 
 
