@@ -1,0 +1,163 @@
+"""Torch implementations of gradient-descent linear regression: one epoch function, run three ways.
+
+The data go to the device once per solve as float32 (half the bytes of
+float64: the epoch is bound by memory bandwidth), laid out as
+``[blocks, BLOCK]`` and padded with NaN; every arithmetic step is float64,
+so the trajectory matches the float64 reference (the rounding of x and y
+to float32 moves the final ``(w, b)`` by about 1e-10 relative on the
+preset). The sums are a deterministic two-stage reduction: stage one sums
+each block (a fixed-shape reduction), stage two sums the block partials in
+a fixed order; no atomics, so every run gives the same bits.
+
+- ``eager``: the epoch function op by op (several kernels an epoch);
+- ``compile``: the same function through ``torch.compile`` (Inductor fuses
+  stage one into one pass that reads x and y once; Triton on a GPU);
+- ``graph``: the compiled epochs, all of them captured in one CUDA graph
+  and replayed with a single launch.
+
+No variant synchronises with the host between epochs: parameters and the
+loss curve stay on the device until the end of the solve.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+from plugins.ml.linreg_numpy import outputs
+from plugins.ml.linreg_problem import LinRegProblem
+
+BLOCK = 4096  # samples per stage-one block: 1,000 partial sums for the preset's 4M points
+VARIANTS = ("eager", "compile", "graph")
+
+
+def epoch(x, y, state, scalars):
+    """One pass at ``state = (w, b)``: (the next state, the loss at ``state``). ``scalars = (1 / n, learning rate)``."""
+    import torch
+
+    padding = torch.isnan(x)
+    xd = torch.where(padding, 0.0, x.double())  # padding contributes nothing to any of the three sums
+    err = torch.where(padding, 0.0, state[0] * xd + state[1] - y.double())
+    partial = torch.stack(((err * err).sum(1), (err * xd).sum(1), err.sum(1)))  # stage one: [3, blocks]
+    total = partial.sum(1) * scalars[0]  # stage two: the means
+    gradient = 2.0 * total[1:]
+    return state - scalars[1] * gradient, total[0]
+
+
+@functools.cache
+def compiled_epoch():
+    """The epoch through torch.compile, once per process (dynamic: one compile serves every size)."""
+    import torch
+
+    return torch.compile(epoch, dynamic=True, fullgraph=True)
+
+
+def upload(X: np.ndarray, y: np.ndarray, device: Any):
+    """x and y as NaN-padded float32 ``[blocks, BLOCK]`` tensors on ``device``."""
+    import torch
+
+    blocks = math.ceil(len(X) / BLOCK)
+    tensors = []
+    for values in (X, y):
+        padded = np.full(blocks * BLOCK, np.nan, dtype=np.float32)
+        padded[:len(values)] = values
+        tensors.append(torch.from_numpy(padded).to(device).view(blocks, BLOCK))
+    return tensors
+
+
+def _initial(problem: LinRegProblem, device: Any):
+    import torch
+
+    state = torch.tensor([problem.w0, problem.b0], dtype=torch.float64, device=device)
+    scalars = torch.tensor([1.0 / problem.n_samples, problem.learning_rate], dtype=torch.float64, device=device)
+    return state, scalars, torch.empty(problem.n_epochs, dtype=torch.float64, device=device)
+
+
+def run_epochs(step, x, y, state, scalars, losses) -> None:
+    """Every epoch, in place on the device: no value comes back to the host here."""
+    for index in range(losses.shape[0]):
+        new_state, loss = step(x, y, state, scalars)
+        state.copy_(new_state)
+        losses[index].copy_(loss)
+
+
+def _finish(problem: LinRegProblem, state, losses) -> dict[str, np.ndarray]:
+    import torch
+
+    packed = torch.cat([state, losses]).cpu().numpy()  # one device-to-host copy at the very end
+    return outputs(packed[0], packed[1], packed[2:], problem.n_epochs)
+
+
+def solve_on(problem: LinRegProblem, device: Any, variant: str) -> dict[str, np.ndarray]:
+    """Run ``variant`` (eager, compile, graph) on ``device`` (tests run eager and compile on the CPU)."""
+    if variant == "graph":
+        return _solve_graph(problem, device)
+    x, y = upload(*problem.data(), device)
+    state, scalars, losses = _initial(problem, device)
+    run_epochs(epoch if variant == "eager" else compiled_epoch(), x, y, state, scalars, losses)
+    return _finish(problem, state, losses)
+
+
+class _CapturedRun:
+    """Static buffers and the CUDA graph of every epoch of one (size, epochs) shape."""
+
+    def __init__(self, blocks: int, n_epochs: int, device: Any):
+        import torch
+
+        self.x = torch.full((blocks, BLOCK), math.nan, dtype=torch.float32, device=device)
+        self.y = torch.full((blocks, BLOCK), math.nan, dtype=torch.float32, device=device)
+        self.state = torch.zeros(2, dtype=torch.float64, device=device)
+        self.scalars = torch.ones(2, dtype=torch.float64, device=device)
+        self.losses = torch.zeros(n_epochs, dtype=torch.float64, device=device)
+        step = compiled_epoch()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # compile and warm up outside the capture, as capturing requires
+            for _ in range(2):
+                step(self.x, self.y, self.state, self.scalars)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            run_epochs(step, self.x, self.y, self.state, self.scalars, self.losses)
+
+
+_captured: dict[tuple, _CapturedRun] = {}
+
+
+def _solve_graph(problem: LinRegProblem, device: Any) -> dict[str, np.ndarray]:
+    import torch
+
+    X, y = problem.data()
+    blocks = math.ceil(len(X) / BLOCK)
+    key = (blocks, problem.n_epochs, str(device))
+    if key not in _captured:
+        _captured.clear()  # one captured shape at a time: its buffers hold the data's size on the device
+        _captured[key] = _CapturedRun(blocks, problem.n_epochs, device)
+    run = _captured[key]
+    for buffer, values in ((run.x, X), (run.y, y)):  # the padding of the captured buffers stays NaN
+        buffer.view(-1)[:len(values)].copy_(torch.from_numpy(values.astype(np.float32)))
+    state, scalars, _ = _initial(problem, device)
+    run.state.copy_(state)
+    run.scalars.copy_(scalars)
+    run.graph.replay()
+    torch.cuda.current_stream().synchronize()
+    return _finish(problem, run.state, run.losses)
+
+
+def solve_torch(problem: LinRegProblem, variant: str) -> dict[str, np.ndarray]:
+    """The ``torch:<variant>`` implementation on the torch backend's GPU."""
+    from core.backends.torch_gpu import device
+
+    return solve_on(problem, device(), variant)
+
+
+def unsupported(problem: LinRegProblem, implementation: str) -> str:
+    """Why a torch variant cannot run here: float64 needs CUDA (MPS has none), and so do CUDA graphs."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "float64 accumulation and CUDA graphs need a CUDA device"
+    return ""

@@ -1,0 +1,219 @@
+"""ml.linreg and LinearRegressionGD: every implementation follows the float64 trajectory; conventions; bad input.
+
+The independent truth is the closed form of gradient descent on a
+quadratic: with A = [[sum x^2, sum x], [sum x, n]] / n and
+c = [sum x y, sum y] / n, the step is theta <- theta - 2 lr (A theta - c),
+so theta_k = theta* + (I - 2 lr A)^k (theta_0 - theta*), with theta* the
+least-squares solution, and the loss at theta is a known quadratic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import core
+from core.errors import ProblemError
+from plugins.ml import LinearRegressionGD, LinRegProblem, NotFittedError, preset, preset_problem
+from plugins.ml.linreg_numpy import solve_numpy
+
+RTOL = 1e-6  # the acceptance bound: every backend's (w, b) and loss curve against the float64 reference
+
+
+def closed_form(X: np.ndarray, y: np.ndarray, lr: float, epochs: int, w0: float, b0: float):
+    n = len(X)
+    A = np.array([[X @ X, X.sum()], [X.sum(), n]]) / n
+    c = np.array([X @ y, y.sum()]) / n
+    star = np.linalg.solve(A, c)
+    step = np.eye(2) - 2 * lr * A
+    theta, losses = np.array([w0, b0]), []
+    for _ in range(epochs):
+        losses.append(theta @ A @ theta - 2 * theta @ c + y @ y / n)
+        theta = star + step @ (theta - star)
+    return theta, np.array(losses)
+
+
+def noisy_problem(n: int = 30_011, epochs: int = 60) -> LinRegProblem:
+    rng = np.random.default_rng(7)
+    X = rng.uniform(-2, 5, n)
+    return LinRegProblem(X=X, y=1.5 * X - 0.25 + 0.3 * rng.standard_normal(n), learning_rate=0.05,
+                         n_epochs=epochs, w0=-0.4, b0=2.0)
+
+
+def assert_same_trajectory(outputs, reference) -> None:
+    np.testing.assert_allclose(float(outputs["coef"]), float(reference["coef"]), rtol=RTOL)
+    np.testing.assert_allclose(float(outputs["intercept"]), float(reference["intercept"]), rtol=RTOL)
+    np.testing.assert_allclose(outputs["loss_curve"], reference["loss_curve"], rtol=RTOL)
+    assert int(outputs["n_iter"]) == int(reference["n_iter"]) == len(reference["loss_curve"])
+
+
+def test_reference_follows_the_closed_form_of_gradient_descent():
+    problem = noisy_problem()
+    X, y = problem.data()
+    theta, losses = closed_form(X, y, problem.learning_rate, problem.n_epochs, problem.w0, problem.b0)
+    out = solve_numpy(problem)
+    np.testing.assert_allclose([float(out["coef"]), float(out["intercept"])], theta, rtol=1e-10)
+    np.testing.assert_allclose(out["loss_curve"], losses, rtol=1e-9)
+    assert out["loss_curve"][-1] < 0.5 * out["loss_curve"][0]  # it descends
+
+
+@pytest.mark.parametrize("backend", ["numba"])
+def test_cpu_backends_match_the_float64_reference(backend):
+    problem = noisy_problem()
+    assert_same_trajectory(core.solve(problem, backend=backend, solver="ml.linreg").outputs, solve_numpy(problem))
+
+
+@pytest.mark.parametrize("variant", ["eager", "compile"])
+def test_torch_epoch_matches_the_reference_on_cpu(variant):
+    """The torch variants' code (float32 storage, float64 sums, NaN padding, two-stage reduction), run on the CPU.
+
+    The size is no multiple of the block, so the padding is exercised.
+    """
+    pytest.importorskip("torch")
+    from plugins.ml.linreg_torch import BLOCK, solve_on
+
+    problem = noisy_problem(n=3 * BLOCK + 17)
+    assert_same_trajectory(solve_on(problem, "cpu", variant), solve_numpy(problem))
+
+
+def test_numba_gives_the_same_bits_on_any_thread_count():
+    import numba
+
+    problem = noisy_problem(n=100_000, epochs=5)
+    before = numba.get_num_threads()
+    try:
+        runs = []
+        for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+            numba.set_num_threads(threads)
+            runs.append(core.solve(problem, backend="numba", solver="ml.linreg").outputs)
+    finally:
+        numba.set_num_threads(before)
+    for run in runs[1:]:
+        assert np.array_equal(run["loss_curve"], runs[0]["loss_curve"]) and run["coef"] == runs[0]["coef"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch:eager", "torch:compile", "torch:graph"])
+def test_gpu_variants_match_the_float64_reference(backend):
+    problem = noisy_problem(n=1_000_003, epochs=50)
+    reference = solve_numpy(problem)
+    first = core.solve(problem, backend=backend, solver="ml.linreg").outputs
+    assert_same_trajectory(first, reference)
+    again = core.solve(problem, backend=backend, solver="ml.linreg").outputs
+    assert np.array_equal(first["loss_curve"], again["loss_curve"])  # deterministic reduction: same bits
+
+
+def test_preset_is_the_original_setup():
+    data = preset()
+    assert len(data["X_train"]) == 4_000_000 and len(data["X_test"]) == 1_000_000
+    together = np.sort(np.concatenate([data["X_train"], data["X_test"]]))
+    np.testing.assert_allclose(together, np.arange(5_000_000) * 2e-6, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(data["y_train"], 0.7 * data["X_train"] + 0.3, rtol=1e-15)
+    assert (data["learning_rate"], data["n_epochs"], data["w0"], data["b0"]) == (0.01, 200, 0.83, 0.7645)
+
+
+@pytest.mark.slow
+def test_preset_run_numba_matches_reference_and_closed_form():
+    problem = preset_problem()
+    reference = solve_numpy(problem)
+    assert_same_trajectory(core.solve(problem, backend="numba", solver="ml.linreg").outputs, reference)
+    X, y = problem.data()
+    theta, _ = closed_form(X, y, 0.01, 200, 0.83, 0.7645)
+    np.testing.assert_allclose([float(reference["coef"]), float(reference["intercept"])], theta, rtol=1e-9)
+
+
+# -- the estimator ---------------------------------------------------------------------
+
+
+def clone(estimator):
+    """scikit-learn's clone, as its contract states it: a new unfitted estimator with equal parameters."""
+    params = estimator.get_params(deep=False)
+    fresh = type(estimator)(**params)
+    assert fresh.get_params(deep=False) == params
+    return fresh
+
+
+def test_estimator_follows_scikit_learn_conventions():
+    estimator = LinearRegressionGD(learning_rate=0.05, n_epochs=30, coef_init=0.1, backend="numpy")
+    assert LinearRegressionGD().backend == "auto"
+    params = estimator.get_params()
+    assert params == {"backend": "numpy", "coef_init": 0.1, "intercept_init": 0.0, "learning_rate": 0.05,
+                      "n_epochs": 30}
+    assert LinearRegressionGD().set_params(**params).get_params() == params
+    problem = noisy_problem(epochs=30)
+    assert estimator.fit(problem.X, problem.y) is estimator
+    fresh = clone(estimator)
+    assert not hasattr(fresh, "coef_")
+    with pytest.raises(ValueError, match="invalid parameter 'alpha'"):
+        estimator.set_params(alpha=1.0)
+    assert "learning_rate=0.05" in repr(estimator)
+
+
+def test_estimator_attributes_predict_and_score():
+    problem = noisy_problem()
+    X2 = problem.X.reshape(-1, 1)  # scikit-learn's (n_samples, n_features) shape is accepted
+    estimator = LinearRegressionGD(learning_rate=0.05, n_epochs=60, coef_init=-0.4, intercept_init=2.0,
+                                   backend="numba").fit(X2, problem.y)
+    reference = solve_numpy(problem)
+    assert estimator.coef_.shape == (1,) and estimator.n_iter_ == 60 and estimator.backend_ == "numba"
+    np.testing.assert_allclose(estimator.coef_[0], float(reference["coef"]), rtol=RTOL)
+    np.testing.assert_allclose(estimator.loss_curve_, reference["loss_curve"], rtol=RTOL)
+    predicted = estimator.predict(X2)
+    np.testing.assert_allclose(predicted, estimator.coef_[0] * problem.X + estimator.intercept_, rtol=1e-15)
+    r2 = 1 - np.sum((problem.y - predicted) ** 2) / np.sum((problem.y - problem.y.mean()) ** 2)
+    assert estimator.score(X2, problem.y) == pytest.approx(r2, rel=1e-12)
+
+
+def test_auto_backend_calibrates_then_chooses(empty_cache, monkeypatch):
+    from core.costmodel import calibrate
+
+    monkeypatch.setitem(calibrate.QUICK, "budget", 2.0)  # a short calibration: this test checks the wiring
+    problem = noisy_problem(epochs=20)
+    estimator = LinearRegressionGD(learning_rate=0.05, n_epochs=20, coef_init=-0.4, intercept_init=2.0)
+    estimator.fit(problem.X, problem.y)
+    assert estimator.backend_ in core.solvers()["ml.linreg"].backends
+    np.testing.assert_allclose(estimator.loss_curve_, solve_numpy(problem)["loss_curve"], rtol=RTOL)
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("X", "y", "message"), [
+    (np.arange(5.0), np.arange(4.0), r"y=.* must have one value per sample of X: X has 5 samples, y has 4"),
+    (np.array([0.0, np.nan, 2.0]), np.arange(3.0), r"X=.* must be finite, found 1 NaN"),
+    (np.arange(3.0), np.array([0.0, 1.0, np.inf]), r"y=.* must be finite, found 1 NaN or inf"),
+    (np.ones((4, 2)), np.arange(4.0), r"X=.* must have one feature column .* got 2 columns"),
+    (np.zeros(0), np.zeros(0), r"X=.* must hold at least one sample"),
+])
+def test_bad_data_is_refused_with_the_field_named(X, y, message):
+    with pytest.raises(ProblemError, match=message):
+        LinearRegressionGD(backend="numpy").fit(X, y)
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"learning_rate": 0.0}, r"learning_rate=0.0 is invalid: must be a finite number > 0"),
+    ({"learning_rate": -0.1}, r"learning_rate=-0.1 is invalid: must be a finite number > 0"),
+    ({"n_epochs": 0}, r"n_epochs=0 is invalid: must be an integer >= 1"),
+    ({"n_epochs": -5}, r"n_epochs=-5 is invalid: must be an integer >= 1"),
+    ({"coef_init": float("nan")}, r"w0=nan is invalid: must be a finite number"),
+])
+def test_bad_hyperparameters_are_refused(params, message):
+    with pytest.raises(ProblemError, match=message):
+        LinearRegressionGD(backend="numpy", **params).fit(np.arange(3.0), np.arange(3.0))
+
+
+def test_predict_before_fit_is_a_not_fitted_error():
+    estimator = LinearRegressionGD()
+    for call in (lambda: estimator.predict(np.arange(3.0)), lambda: estimator.score(np.arange(3.0), np.arange(3.0))):
+        with pytest.raises(NotFittedError, match="not fitted yet: call fit"):
+            call()
+    assert issubclass(NotFittedError, ValueError) and issubclass(NotFittedError, AttributeError)
+
+
+def test_cli_runs_the_solver(capsys):
+    from core.cli import main
+
+    assert main(["run", "ml.linreg", "--backend", "numba", "--param", "n_samples=10000",
+                 "--param", "n_epochs=20"]) == 0
+    out = capsys.readouterr().out
+    assert "10,000 samples x 20 epochs" in out and "MSE" in out
