@@ -6,6 +6,7 @@ third-party plugin supplies one by filling in a :class:`Backend`.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -99,17 +100,126 @@ def safe_describe(backend: Backend) -> dict[str, Any]:
 
 
 def host_free_memory() -> float | None:
-    """Bytes of host memory available to a new allocation (Linux ``MemAvailable``)."""
+    """Bytes of host memory a new allocation may use: the tightest of every limit that applies.
+
+    The kernel's ``MemAvailable``, the room left under ``ulimit -v`` (the
+    address-space limit less what this process has mapped) and the room left
+    under each cgroup memory limit of this process (v1 or v2, its own group
+    and every parent). A container or a batch job usually sets one of the
+    last two, and the machine's free memory then overstates what a solve can
+    have before it is killed. None when none of them can be read.
+    """
+    known = [room for room in (_mem_available(), address_space_room(), cgroup_room()) if room is not None]
+    return min(known) if known else None
+
+
+def _mem_available() -> float | None:
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
                 if line.startswith("MemAvailable:"):
                     return float(line.split()[1]) * 1024
-    except OSError:
+    except (OSError, ValueError, IndexError):
         pass
     try:
-        import os
-
         return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def address_space_room() -> float | None:
+    """Bytes left under ``ulimit -v`` (RLIMIT_AS) for this process; None when unlimited or unknown."""
+    try:
+        import resource  # Unix only
+    except ImportError:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY or soft < 0:
+        return None
+    return max(0.0, float(soft) - (_mapped_bytes() or 0.0))
+
+
+def _mapped_bytes() -> float | None:
+    """This process's virtual size, which RLIMIT_AS counts (the first field of /proc/self/statm, in pages)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return float(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+# cgroup v1 writes "no limit" as 2**63 - 1 rounded down to a page; any larger limit is no limit either
+_NO_CGROUP_LIMIT = 2**60
+
+
+def cgroup_room(proc_cgroup: str = "/proc/self/cgroup", mount: str = "/sys/fs/cgroup") -> float | None:
+    """Bytes left under this process's cgroup memory limits (the smallest over its group and parents).
+
+    v2 reads ``memory.max`` and ``memory.current``; v1 ``memory.limit_in_bytes``
+    and ``memory.usage_in_bytes``. Usage counts the page cache, which the
+    kernel reclaims before it kills anyone, so the inactive file pages are
+    not counted as used. None when no limit is set or none can be read.
+    """
+    try:
+        with open(proc_cgroup) as groups:
+            lines = groups.read().splitlines()
+    except OSError:
+        return None
+    rooms = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":  # the v2 unified hierarchy
+            files, base = ("memory.max", "memory.current", "inactive_file"), mount
+        elif "memory" in controllers.split(","):
+            files, base = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"), \
+                os.path.join(mount, "memory")
+        else:
+            continue
+        for directory in _group_and_parents(base, path):
+            room = _room_in(directory, *files)
+            if room is not None:
+                rooms.append(room)
+    return min(rooms) if rooms else None
+
+
+def _group_and_parents(base: str, path: str) -> list[str]:
+    """``base/path`` and each parent up to ``base``: a limit on any of them applies to this process."""
+    parts = [p for p in path.strip("/").split("/") if p]
+    return [os.path.join(base, *parts[:depth]) for depth in range(len(parts), -1, -1)]
+
+
+def _room_in(directory: str, limit_file: str, usage_file: str, inactive_key: str) -> float | None:
+    limit = _read_number(os.path.join(directory, limit_file))
+    if limit is None or limit >= _NO_CGROUP_LIMIT:
+        return None
+    usage = _read_number(os.path.join(directory, usage_file)) or 0.0
+    inactive = _stat_value(os.path.join(directory, "memory.stat"), inactive_key) or 0.0
+    return max(0.0, limit - max(0.0, usage - inactive))
+
+
+def _read_number(path: str) -> float | None:
+    """The number in a cgroup file; None for "max" (v2's no limit), a missing file or junk."""
+    try:
+        with open(path) as handle:
+            text = handle.read().strip()
+    except OSError:
+        return None
+    try:
+        return float(int(text))
+    except ValueError:
+        return None
+
+
+def _stat_value(path: str, key: str) -> float | None:
+    try:
+        with open(path) as handle:
+            for line in handle:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return float(int(value))
+    except (OSError, ValueError):
+        return None
+    return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,9 +58,20 @@ class Plan:
         }
 
 
+class NonFiniteResultWarning(RuntimeWarning):
+    """A solve returned outputs holding NaN or inf (listed in ``diagnostics["non_finite_outputs"]``)."""
+
+
 @dataclass(frozen=True)
 class Result:
-    """Outputs of one solve as NumPy arrays, with how and how fast it ran."""
+    """Outputs of one solve as NumPy arrays, with how and how fast it ran.
+
+    Every Result checks its own outputs: ``diagnostics["non_finite_outputs"]``
+    lists those holding NaN or inf (empty when all are finite), and a
+    :class:`NonFiniteResultWarning` says so, whichever solver and backend made
+    them. A valid problem can still overflow inside a solve; that is flagged,
+    never hidden.
+    """
 
     solver: str
     backend: str
@@ -67,6 +79,15 @@ class Result:
     outputs: Mapping[str, np.ndarray]
     diagnostics: Mapping[str, Any] = field(default_factory=dict)
     plan: Plan | None = None
+
+    def __post_init__(self) -> None:
+        bad = non_finite_outputs(self.outputs)
+        object.__setattr__(self, "diagnostics", {**self.diagnostics, "non_finite_outputs": bad})
+        if bad:
+            # stacklevel 4: past __post_init__, the dataclass __init__ and core.solve, to the caller's line
+            warnings.warn(f"{self.solver} on {self.backend} returned NaN or inf in {', '.join(bad)}: "
+                          "the problem's values may be beyond what the numerics can represent",
+                          NonFiniteResultWarning, stacklevel=4)
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.outputs[name]
@@ -87,3 +108,13 @@ def as_arrays(outputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
             value = value.detach().cpu().numpy()
         arrays[name] = np.asarray(value)
     return arrays
+
+
+def non_finite_outputs(outputs: Mapping[str, Any]) -> list[str]:
+    """Names of the numeric outputs holding NaN or inf, in output order."""
+    bad = []
+    for name, value in outputs.items():
+        array = np.asarray(value)
+        if np.issubdtype(array.dtype, np.inexact) and not np.all(np.isfinite(array)):
+            bad.append(name)
+    return bad
