@@ -1,19 +1,28 @@
 """The ``crossover`` command line.
 
-Every command prints a rich table for people and, with ``--json``, one JSON
-document for scripts. A user mistake (unknown solver, backend or parameter,
-a bad value) exits with status 2 and a one-line message listing the valid
-choices; a fault while running exits with status 1.
+Every command prints a rich table for people and, with ``--json``, one
+strict JSON document for scripts (NaN and infinities become ``null``). A user
+mistake (unknown solver, backend or parameter, a bad value, a path that cannot
+be written) exits with status 2 and a one-line message listing the valid
+choices; a fault while running exits with status 1; Ctrl-C exits with 130
+after one line saying what was kept; a closed output pipe (``| head``) exits
+quietly with 141, as a program killed by SIGPIPE would.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import math
+import os
 import sys
+import tempfile
+import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,6 +31,8 @@ from rich.markup import escape
 from rich.table import Table
 
 import core
+from core.costmodel.calibrate import CalibrationInterrupted
+from core.costmodel.report import atomic_write
 from core.costmodel.store import WisdomWarning
 from core.errors import CrossoverError, PluginError, PluginWarning, TaskFailedError
 from core.registry import get_registry, get_solver
@@ -30,36 +41,58 @@ from core.solver import backend_of, problem_from_params
 from core.validation import env_flag
 
 USER_ERROR, FAULT = 2, 1
+INTERRUPTED = 130  # 128 + SIGINT, as shells report a program stopped by Ctrl-C
+BROKEN_PIPE = 141  # 128 + SIGPIPE, as shells report `yes | head`
+PIPED_WIDTH = 160  # piped output is not squeezed into 80 columns
+DEMO_WIDTH = 100
 
 
 class UsageError(CrossoverError, ValueError):
     """A malformed command line (the message says how to fix it)."""
 
 
-def _console() -> Console:
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with the one line that says what was kept."""
+
+
+def _console(max_width: int | None = None) -> Console:
+    """Stdout's console: ``COLUMNS`` if set, else the terminal's width, else 160; at most ``max_width``."""
     console = Console(highlight=False)
-    if not console.is_terminal:  # piped output: don't squeeze tables into 80 columns
-        console = Console(highlight=False, width=160)
-    return console
+    width = console.width if ("COLUMNS" in os.environ or console.is_terminal) else PIPED_WIDTH
+    if max_width is not None:
+        width = min(width, max_width)
+    return Console(highlight=False, width=width)
 
 
-def _emit(args: argparse.Namespace, payload: Any, table: Table | None = None, *lines: str) -> None:
+def _emit(args: argparse.Namespace, payload: Any, table: Table | None = None, *lines: str,
+          max_width: int | None = None) -> None:
     if args.json:
-        print(json.dumps(payload, indent=2, default=_jsonable))
+        print(dumps(payload))
         return
-    console = _console()
+    console = _console(max_width)
     if table is not None:
         console.print(table)
     for line in lines:
         console.print(escape(line))
 
 
-def _jsonable(value: Any) -> Any:
+def dumps(payload: Any) -> str:
+    """Strict JSON (RFC 8259): NaN and infinities become null, which every parser accepts."""
+    return json.dumps(_strict(payload), indent=2, allow_nan=False, default=str)
+
+
+def _strict(value: Any) -> Any:
     if isinstance(value, np.ndarray):
-        return value.tolist()
+        return _strict(value.tolist())
     if isinstance(value, np.generic):
-        return value.item()
-    return str(value)
+        return _strict(value.item())
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
 
 
 def _parse_params(pairs: Sequence[str]) -> dict[str, str]:
@@ -106,54 +139,204 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     spec = get_solver(args.solver)
     problem = problem_from_params(spec, _parse_params(args.param))
+    target = save_target(args.save, spec.name) if args.save else None  # a bad path fails before the solve
     result = core.solve(problem, backend=args.backend, solver=spec.name, expected_calls=args.calls)
-    if args.save:
-        result.save(args.save)
+    saved, failure = save_outputs(result.outputs, target, spec.name) if target is not None else (None, "")
     summary = spec.summarize(problem, result.outputs)
     payload = {"solver": spec.name, "backend": result.backend, "seconds": result.seconds, "summary": summary,
                "outputs": {k: v for k, v in result.outputs.items() if v.size <= 64}}
+    if target is not None:
+        payload["saved"] = None if saved is None else str(saved)
     _emit(args, payload, None, f"{spec.name} on {result.backend}: {result.seconds:.3f} s",
-          summary, *([f"outputs saved to {args.save}"] if args.save else []))
+          summary, *([f"outputs saved to {saved}"] if saved is not None and not failure else []))
+    if failure:
+        print(f"crossover: error: {failure}", file=sys.stderr)
+        return FAULT
     return 0
+
+
+# -- saving outputs ---------------------------------------------------------------------
+
+def save_target(text: str, solver: str) -> Path:
+    """The ``.npz`` file ``--save TEXT`` will write, checked before anything is solved.
+
+    ``TEXT`` ending in ``/`` or naming an existing directory means a file
+    ``<solver>-<date>-<time>.npz`` inside it; otherwise ``.npz`` is added
+    unless the name has it (as ``numpy.savez`` does). The directory must
+    exist and be writable; an existing file is replaced.
+    """
+    path = Path(text).expanduser()
+    if text.endswith(("/", os.sep)) or path.is_dir():
+        if not path.is_dir():
+            raise UsageError(f"--save {text!r}: directory {str(path)!r} does not exist")
+        path = path / f"{solver}-{time.strftime('%Y%m%d-%H%M%S')}.npz"
+    elif path.suffix != ".npz":
+        path = path.with_name(path.name + ".npz")
+    _check_writable_directory(path.parent, f"--save {text!r}")
+    return path
+
+
+def _check_writable_directory(folder: Path, what: str) -> None:
+    if not folder.is_dir():
+        state = "is not a directory" if folder.exists() else "does not exist"
+        raise UsageError(f"{what}: directory {str(folder)!r} {state}; create it or name another")
+    try:  # the one sure test of writability (root, read-only mounts, ACLs): create a file there
+        handle, probe = tempfile.mkstemp(dir=folder, prefix=".crossover-probe-")
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(f"{what}: cannot write in {str(folder)!r}: {exc.strerror or exc}") from exc
+
+
+def _write_npz(path: Path, outputs: Mapping[str, Any]) -> None:
+    arrays = {k: np.asarray(v) for k, v in outputs.items()}
+
+    def write(target: str) -> None:
+        with open(target, "wb") as stream:  # a stream: numpy adds no second suffix to the temporary name
+            np.savez_compressed(stream, **arrays)
+
+    atomic_write(path, write)
+
+
+def save_outputs(outputs: Mapping[str, Any], path: Path, solver: str) -> tuple[Path | None, str]:
+    """Write the outputs to ``path``; if that fails, to a temporary file. Returns (file written, failure)."""
+    try:
+        _write_npz(path, outputs)
+        return path, ""
+    except OSError as exc:
+        reason = f"could not write {str(path)!r}: {exc.strerror or exc}"
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    fallback = Path(tempfile.gettempdir()) / f"crossover-{solver}-{stamp}.npz"
+    try:
+        _write_npz(fallback, outputs)
+    except OSError as exc:
+        return None, f"{reason}; nor to {str(fallback)!r} ({exc.strerror or exc}): the outputs are lost"
+    return fallback, f"{reason}; the outputs were saved to {fallback} instead"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run every solver's default problem on every backend that runs here.
 
     Each pair runs twice: the first call pays one-off costs (JIT compile,
-    pool start, CUDA context), the repeat shows the steady state.
+    pool start, CUDA context), the repeat shows the steady state. Progress
+    goes to standard error from the start; a solver whose plugin fails is
+    named in one line and the others go on.
     """
-    table = Table(title="crossover demo: default problems on every available backend")
-    for column in ("solver", "backend", "first call s", "repeat s", "answer"):
+    solvers = core.solvers()
+    progress = _DemoProgress(len(solvers))
+    table = Table(title="crossover demo: default problems, first call and repeat")
+    for column in ("implementation", "first s", "repeat s", "answer"):
         table.add_column(column)
-    payload = []
-    failed = 0
+    payload: list[dict[str, Any]] = []
     statuses = core.backends(describe=False)
-    for name, spec in core.solvers().items():
+    try:
+        for name, spec in solvers.items():
+            progress.solver(name)
+            table.add_section()
+            table.add_row(f"[bold]{escape(name)}[/bold]", "", "", "")
+            rows = _demo_solver(name, spec, statuses, progress)
+            for row in rows:
+                table.add_row(*_demo_cells(row))
+            payload += rows
+    except KeyboardInterrupt:
+        raise Interrupted(f"the demo stopped during {progress.current}; {progress.done} runs finished, "
+                          "nothing else to keep") from None
+    finally:
+        progress.stop()
+    _emit(args, payload, table, max_width=DEMO_WIDTH)
+    return FAULT if any("error" in row for row in payload) else 0
+
+
+def _blame(name: str) -> str:
+    return f"solver {name} (plugin {get_registry().solver_owner.get(name, '?')!r})"
+
+
+def _demo_solver(name: str, spec: Any, statuses: Mapping[str, Any], progress: _DemoProgress) -> list[dict[str, Any]]:
+    """One solver's rows: each implementation run twice, skipped with a reason, or failed with the error."""
+    try:
         problem = spec.default_problem()
-        for backend in implementations(spec):
-            status = statuses.get(backend_of(backend))
+        keys = implementations(spec)
+    except (Exception, SystemExit) as exc:  # a broken plugin must not stop the demo of the others
+        message = f"{_blame(name)}: default_problem raised {type(exc).__name__}: {exc}"
+        progress.note(message)
+        return [{"solver": name, "backend": "-", "error": message}]
+    rows = []
+    for backend in keys:
+        row: dict[str, Any] = {"solver": name, "backend": backend}
+        status = statuses.get(backend_of(backend))
+        try:
             reason = (status.reason if status else "backend not registered") if not (status and status.available) \
                 else spec.supports(problem, backend)
             if reason:
-                table.add_row(name, backend, "-", "-", f"[dim]skipped: {escape(reason)}[/dim]")
-                payload.append({"solver": name, "backend": backend, "skipped": reason})
+                rows.append({**row, "skipped": reason})
                 continue
-            try:
-                first = core.solve(problem, backend=backend, solver=name)
-                repeat = core.solve(problem, backend=backend, solver=name)
-            except Exception as exc:  # one broken pair must not hide the others
-                failed += 1
-                message = f"{type(exc).__name__}: {exc}"
-                table.add_row(name, backend, "-", "-", f"[red]failed: {escape(message)}[/red]")
-                payload.append({"solver": name, "backend": backend, "error": message})
-                continue
+            progress.pair(name, backend)
+            first = core.solve(problem, backend=backend, solver=name)
+            repeat = core.solve(problem, backend=backend, solver=name)
             summary = spec.summarize(problem, repeat.outputs)
-            table.add_row(name, backend, f"{first.seconds:.3f}", f"{repeat.seconds:.3f}", escape(summary))
-            payload.append({"solver": name, "backend": backend, "first_seconds": first.seconds,
-                            "repeat_seconds": repeat.seconds, "summary": summary})
-    _emit(args, payload, table)
-    return FAULT if failed else 0
+        except (Exception, SystemExit) as exc:  # one broken pair must not hide the others
+            message = f"{type(exc).__name__}: {exc}"
+            progress.note(f"{_blame(name)} on {backend} failed: {message}")
+            rows.append({**row, "error": message})
+            continue
+        progress.finished()
+        rows.append({**row, "first_seconds": first.seconds, "repeat_seconds": repeat.seconds, "summary": summary})
+    return rows
+
+
+def _demo_cells(row: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    if "skipped" in row:
+        return row["backend"], "-", "-", f"[dim]skipped: {escape(row['skipped'])}[/dim]"
+    if "error" in row:
+        return row["backend"], "-", "-", f"[red]failed: {escape(row['error'])}[/red]"
+    return row["backend"], f"{row['first_seconds']:.3f}", f"{row['repeat_seconds']:.3f}", escape(row["summary"])
+
+
+class _DemoProgress:
+    """What the demo is doing, on standard error from its first moment.
+
+    On a terminal a transient status line names the run in progress; piped,
+    one plain line per run, so a log shows where the time went.
+    """
+
+    def __init__(self, solvers: int):
+        self.current, self.done = "its start", 0
+        self._status = None
+        err = Console(stderr=True, highlight=False)
+        self._live = err.is_terminal
+        print(f"crossover demo: {solvers} solvers, each implementation run twice (first call, then repeat); "
+              "progress below, the table at the end", file=sys.stderr, flush=True)
+        if self._live:
+            self._status = err.status("starting")
+            self._status.start()
+
+    def solver(self, name: str) -> None:
+        self.current = name
+        self._say(f"{name}: default problem")
+
+    def pair(self, name: str, backend: str) -> None:
+        self.current = f"{name} on {backend}"
+        self._say(f"{name} on {backend} ...")
+
+    def finished(self) -> None:
+        self.done += 1
+
+    def note(self, message: str) -> None:
+        """A failure: always one plain line, also on a terminal."""
+        if self._status is not None:
+            self._status.console.print(f"crossover demo: {escape(message)}")
+        else:
+            print(f"crossover demo: {message}", file=sys.stderr, flush=True)
+
+    def _say(self, text: str) -> None:
+        if self._status is not None:
+            self._status.update(escape(text))
+        else:
+            print(f"crossover demo: {text}", file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
 
 
 def _solver_names(names: Sequence[str]) -> list[str]:
@@ -222,11 +405,28 @@ def cmd_report(args: argparse.Namespace) -> int:
     from core.costmodel.report import write_report
 
     names = _solver_names(args.solvers)
+    directory = report_directory(args.output)  # before calibrating: a bad -o must not cost 25 s a solver
     for name in names:
         ensure_calibrated(get_solver(name))
-    paths = write_report(names, args.output)
+    try:
+        paths = write_report(names, directory)
+    except OSError as exc:
+        raise UsageError(f"-o {args.output!r}: could not write the report: {exc.strerror or exc}") from exc
     _emit(args, [str(p) for p in paths], None, *[f"wrote {p}" for p in paths])
     return 0
+
+
+def report_directory(text: str) -> Path:
+    """``report -o``: an existing, writable directory, or one created now; never an existing file."""
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"-o {text!r} is an existing file; name a directory (it is created if missing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"-o {text!r}: cannot create the directory: {exc.strerror or exc}") from exc
+    _check_writable_directory(path, f"-o {text!r}")
+    return path
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -331,6 +531,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return FAULT
     try:
         status = command(args)
+        sys.stdout.flush()  # a closed pipe shows here, where it can be handled, not at exit
+    except BrokenPipeError:  # `crossover ... | head`: the reader has all it wanted
+        _silence_stdout()
+        return BROKEN_PIPE
+    except KeyboardInterrupt as exc:
+        print(f"crossover: interrupted: {_kept(exc, args.command)}", file=sys.stderr)
+        return INTERRUPTED
     except (TaskFailedError, PluginError) as exc:  # faults, not user mistakes
         print(f"crossover: error: {exc}", file=sys.stderr)
         return FAULT
@@ -338,6 +545,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"crossover: error: {exc}", file=sys.stderr)
         return USER_ERROR
     return 0 if status is None else int(status)
+
+
+def _kept(interrupt: KeyboardInterrupt, command: str) -> str:
+    """One line: what a Ctrl-C left behind."""
+    if isinstance(interrupt, CalibrationInterrupted):
+        if not interrupt.kept:
+            return "no implementation had finished a sample yet; nothing was kept"
+        measured = ", ".join(f"{solver} {key} ({samples} samples)" for solver, key, samples in interrupt.kept)
+        return f"kept the timings of {len(interrupt.kept)} implementations already measured: {measured}"
+    if isinstance(interrupt, Interrupted) and str(interrupt):
+        return str(interrupt)
+    return f"{command} stopped; it had nothing to keep"
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that Python's final flush does not raise again (Python's recipe)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 # -- commands from plugins (the crossover_cli hook) ----------------------------------
