@@ -29,7 +29,7 @@ def _features(problem: RandomWalkProblem) -> dict[str, float]:
     (``span_feature``), so nothing here reads a pool's size.
     """
     return {"walker_steps": float(problem.n_walkers * problem.n_steps), "walkers": float(problem.n_walkers),
-            "chunks": float(len(problem.chunks()))}
+            "chunks": float(problem.n_chunks)}
 
 
 def _space(quick: bool) -> SizeSpace:
@@ -43,9 +43,30 @@ def _space(quick: bool) -> SizeSpace:
     return SizeSpace(ranges={"n_walkers": (1_000, 2_000_000), "n_steps": (10, 500)})
 
 
+# What each chunk leaves in memory on the host, whatever the backend: its task tuple, label and
+# SeedSequence before the run, its (count, mean, m2, counts) statistics after, about 1 kB in all
+# (sys.getsizeof of each, rounded up), plus the histogram counts of n_bins int64.
+_PER_CHUNK_BYTES = 1024
+_TORCH_BLOCK_ELEMENTS = 1 << 26  # plugins.example.torch_kernel draws at most this many steps at once
+
+
 def _memory(problem: RandomWalkProblem, backend: str) -> float:
-    walkers = problem.n_walkers if backend in ("numba", "torch") else min(problem.chunk, problem.n_walkers)
-    return 8.0 * walkers * (3 if backend != "torch" else 2 + min(problem.n_steps, 64))
+    """Peak bytes, from what each implementation allocates (see the kernels).
+
+    numpy and a parallel backend's worker walk one chunk at a time (positions,
+    a step's draws, the final scaling: 3 arrays of the chunk); numba holds
+    every walker's position and stream key, and the binning of a chunk at a
+    time; torch every position, a block of draws and their sum. All keep the
+    per-chunk bookkeeping, which dominates for tiny chunks of many walkers.
+    """
+    chunk = min(problem.chunk, problem.n_walkers)
+    bookkeeping = problem.n_chunks * (_PER_CHUNK_BYTES + 8.0 * problem.n_bins)
+    if backend == "numba":
+        return 8.0 * (2 * problem.n_walkers + 3 * chunk) + bookkeeping
+    if backend == "torch":
+        block = min(problem.n_steps * problem.n_walkers, max(_TORCH_BLOCK_ELEMENTS, problem.n_walkers))
+        return 8.0 * (3 * problem.n_walkers + block) + 8.0 * problem.n_bins
+    return 8.0 * 3 * chunk + bookkeeping
 
 
 def _summarize(problem: RandomWalkProblem, outputs) -> str:

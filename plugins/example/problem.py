@@ -9,11 +9,15 @@ sits at ``N(n * drift, n * step_std**2)``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from core.validation import check_float, check_int, check_seed
+from core.validation import FLOAT_MAX, check_float, check_int, check_seed, fail
+
+# the histogram spans +-6 standard deviations; the walkers' largest |z| stays below 40 at float64
+SPAN = 6.0
 
 
 @dataclass(frozen=True)
@@ -35,13 +39,27 @@ class RandomWalkProblem:
     seed: int | None = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "n_walkers", check_int("n_walkers", self.n_walkers, minimum=1))
-        object.__setattr__(self, "n_steps", check_int("n_steps", self.n_steps, minimum=1))
-        object.__setattr__(self, "step_std", check_float("step_std", self.step_std, minimum=0))
-        object.__setattr__(self, "drift", check_float("drift", self.drift))
-        object.__setattr__(self, "n_bins", check_int("n_bins", self.n_bins, minimum=1, maximum=100_000))
-        object.__setattr__(self, "chunk", check_int("chunk", self.chunk, minimum=1))
-        object.__setattr__(self, "seed", check_seed("seed", self.seed))
+        set_ = object.__setattr__
+        set_(self, "n_walkers", check_int("n_walkers", self.n_walkers, minimum=1))
+        set_(self, "n_steps", check_int("n_steps", self.n_steps, minimum=1))
+        set_(self, "step_std", check_float("step_std", self.step_std, minimum=0))
+        # the walkers' spread, sqrt(n_steps) * step_std, times the largest normal draw (below 40)
+        # must stay finite, or every walker ends at inf
+        if not math.isfinite(40 * math.sqrt(self.n_steps) * self.step_std * SPAN):
+            raise fail("step_std", self.step_std, f"must be at most {FLOAT_MAX / (40 * SPAN):.3g} / sqrt(n_steps) "
+                       "so that the walkers' positions stay finite")
+        set_(self, "drift", check_float("drift", self.drift))
+        if not math.isfinite(abs(self.exact_mean) + 40 * self.half_width):
+            raise fail("drift", self.drift, "n_steps * drift, the walkers' mean, overflows float64")
+        set_(self, "n_bins", check_int("n_bins", self.n_bins, minimum=1, maximum=100_000))
+        edges = self.bin_edges()
+        if not np.all(np.diff(edges) > 0):
+            # a mean so far from zero that bins of the walkers' width round to the same float
+            raise fail("drift", self.drift, f"the histogram's {self.n_bins} bins of width "
+                       f"{2 * self.half_width / self.n_bins:.3g} around the mean {self.exact_mean:.3g} "
+                       "cannot be told apart in float64: a smaller drift or a wider step_std")
+        set_(self, "chunk", check_int("chunk", self.chunk, minimum=1))
+        set_(self, "seed", check_seed("seed", self.seed))
 
     @property
     def exact_mean(self) -> float:
@@ -49,12 +67,44 @@ class RandomWalkProblem:
 
     @property
     def exact_variance(self) -> float:
-        return self.n_steps * self.step_std**2
+        return self.n_steps * self.step_std * self.step_std  # ** would raise OverflowError, * gives inf
+
+    @property
+    def half_width(self) -> float:
+        """Half the histogram's span: 6 standard deviations, or 1 when the walkers do not move."""
+        return SPAN * math.sqrt(self.n_steps) * self.step_std or 1.0
 
     def bin_edges(self) -> np.ndarray:
-        half_width = 6 * math.sqrt(self.exact_variance) or 1.0
-        return np.linspace(self.exact_mean - half_width, self.exact_mean + half_width, self.n_bins + 1)
+        return np.linspace(self.exact_mean - self.half_width, self.exact_mean + self.half_width, self.n_bins + 1)
 
-    def chunks(self) -> list[tuple[int, int]]:
-        """``(first walker, walkers)`` of every chunk, in order."""
-        return [(start, min(self.chunk, self.n_walkers - start)) for start in range(0, self.n_walkers, self.chunk)]
+    @property
+    def n_chunks(self) -> int:
+        return -(-self.n_walkers // self.chunk)
+
+    def chunks(self) -> Chunks:
+        """``(first walker, walkers)`` of every chunk, in order: a lazy sequence, never a list of them all."""
+        return Chunks(self.n_walkers, self.chunk)
+
+
+class Chunks(Sequence):
+    """The chunks of ``n`` walkers, ``size`` at a time, computed on demand.
+
+    ``n_walkers=10**12`` with the default chunk is 3e7 chunks: their list
+    alone would take gigabytes before any walker moved.
+    """
+
+    def __init__(self, n: int, size: int):
+        self.n, self.size = n, size
+
+    def __len__(self) -> int:
+        return -(-self.n // self.size)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        start = index * self.size
+        return start, min(self.size, self.n - start)
