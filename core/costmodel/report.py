@@ -66,10 +66,18 @@ class Drawing:
     thresholds: list[dict[str, Any]]
     one_offs: dict[str, dict[str, float]]
 
-    def family_fields(self) -> dict[str, Any]:
-        """The family's fields other than the size axis, as printed in the legend."""
-        return {f.name: getattr(self.family, f.name) for f in dataclasses.fields(self.family)
-                if f.name != self.size_axis and f.init and not isinstance(getattr(self.family, f.name), np.ndarray)}
+    def family_fields(self, default: Any = None) -> dict[str, Any]:
+        """The family's scalar fields other than the size axis; with ``default``, only those that differ from it."""
+        fields = _scalar_fields(self.family, self.size_axis)
+        if default is None:
+            return fields
+        others = _scalar_fields(default, self.size_axis)
+        return {k: v for k, v in fields.items() if k not in others or repr(others[k]) != repr(v)}
+
+
+def _scalar_fields(problem: Any, size_axis: str) -> dict[str, Any]:
+    return {f.name: getattr(problem, f.name) for f in dataclasses.fields(problem)
+            if f.name != size_axis and f.init and not isinstance(getattr(problem, f.name), np.ndarray)}
 
 
 def _calibrated(spec: SolverSpec) -> dict[str, CostModel]:
@@ -116,8 +124,7 @@ def _families(spec: SolverSpec) -> list[Any]:
     for quick in (True, False):
         groups: dict[tuple, list[Any]] = {}
         for problem in calibration_design(spec, quick):
-            fields = {f.name: getattr(problem, f.name) for f in dataclasses.fields(problem)
-                      if f.name != spec.size_axis and f.init and not isinstance(getattr(problem, f.name), np.ndarray)}
+            fields = _scalar_fields(problem, spec.size_axis)
             groups.setdefault(tuple(sorted((k, repr(v)) for k, v in fields.items())), []).append(problem)
         if groups:
             found.append(max(groups.values(), key=len)[0])
@@ -158,9 +165,11 @@ def machine_line() -> str:
     return f"{print_['cpu']}, {print_['cores']} cores, {gpus}"
 
 
-def _family_text(data: Drawing) -> str:
-    fields = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in data.family_fields().items())
-    return f"{data.size_axis} varies; {fields}" if fields else f"{data.size_axis} varies"
+def _family_text(spec: SolverSpec, data: Drawing) -> str:
+    changed = data.family_fields(spec.default_problem())
+    fields = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in changed.items())
+    return f"{data.size_axis} varies, {fields}, other fields as in the default problem" if fields \
+        else f"{data.size_axis} varies, other fields as in the default problem"
 
 
 def _one_off_text(costs: Mapping[str, float]) -> str:
@@ -203,7 +212,7 @@ def plot(spec: SolverSpec, path: Path) -> Drawing:
     along.legend(handles=handles, fontsize=6, loc="upper left",
                  title="curves: model, steady state (one-offs not included)", title_fontsize=6)
     along.set(xscale="log", yscale="log", xlabel=spec.size_axis, ylabel="seconds per solve")
-    along.set_title(f"{spec.name} along the design's axis ladder: {_family_text(data)}", fontsize=7, wrap=True)
+    along.set_title(f"{spec.name} along the design's axis ladder: {_family_text(spec, data)}", fontsize=7, wrap=True)
     measured = [p["seconds"] for p in data.points] + [p["predicted"] for p in data.points if p["predicted"] > 0]
     if measured:
         low, high = min(m for m in measured if m > 0) / 1.5, max(measured) * 1.5
@@ -222,7 +231,8 @@ def plot(spec: SolverSpec, path: Path) -> Drawing:
 def markdown(spec: SolverSpec, data: Drawing) -> str:
     lines = [f"# {spec.name}: predicted break-even sizes", "", f"Machine: {machine_line()}.", "",
              f"Where the fastest backend changes along `{spec.size_axis}`, according to the models fitted "
-             f"to this machine's measurements, along the calibration design's axis ladder ({_family_text(data)}). "
+             "to this machine's measurements, along the calibration design's axis ladder "
+             f"({_family_text(spec, data)}). "
              "In the plot, dots on the left are the measured problems of that ladder; the right panel shows every "
              "measured problem against its own prediction; dashed curves are extrapolations; one-off costs "
              "(JIT, backend start) are paid once per process and are not in the curves.", ""]
