@@ -103,7 +103,7 @@ def _as_float(value: object) -> float | None:
     try:
         return float(value)
     except OverflowError:  # 10**400, Fraction(10**400, 3): beyond float64, like inf
-        return math.copysign(math.inf, value)
+        return math.inf if value > 0 else -math.inf
 
 
 def check_float(field: str, value: object, *, minimum: float | None = None,

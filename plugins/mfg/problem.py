@@ -22,7 +22,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.validation import check_array, check_choice, check_float, check_int, check_seed, fail
+from core.validation import (
+    FLOAT_MAX,
+    FLOAT_TINY,
+    INT64_MAX,
+    check_array,
+    check_choice,
+    check_derived,
+    check_float,
+    check_int,
+    check_seed,
+    fail,
+)
+from plugins.mfg import kde
 
 PRESETS = ("towel_beach", "lq", "crowd")
 CONGESTION = ("none", "linear", "log")
@@ -65,17 +77,34 @@ def preset_defaults(name: str) -> dict:
             "boundary": "reflecting"}  # crowd
 
 
+# where each preset's crowd starts: the centre and width of its Gaussian m0
+PRESET_CROWD = {"towel_beach": (0.5, 0.1), "lq": (0.6, 0.2), "crowd": (0.3, 0.12)}
+
+
 def preset_functions(name: str, x: np.ndarray) -> dict[str, np.ndarray]:
     """V, g and m0 of a preset on the grid ``x``."""
+    m0 = _gaussian(x, *PRESET_CROWD[name])
     if name == "towel_beach":
         # MFG_PDE's towel-on-the-beach potential; the crowd starts in the middle
         v = 50 * (0.1 * np.cos(2 * np.pi * x) + np.cos(4 * np.pi * x) + 0.1 * np.sin(2 * np.pi * (x - np.pi / 8)))
-        return {"V": v, "g": np.zeros_like(x), "m0": _gaussian(x, 0.5, 0.1)}
+        return {"V": v, "g": np.zeros_like(x), "m0": m0}
     if name == "lq":
         # quadratic cost around 0; the crowd starts off-centre and relaxes to the ergodic Gaussian
-        return {"V": 0.5 * LQ_STIFFNESS * x**2, "g": np.zeros_like(x), "m0": _gaussian(x, 0.6, 0.2)}
+        return {"V": 0.5 * LQ_STIFFNESS * x**2, "g": np.zeros_like(x), "m0": m0}
     # crowd: agents pay to stand away from the exit at x = 1 and pay for company
-    return {"V": 5.0 * (1 - x) ** 2, "g": 10.0 * (1 - x) ** 2, "m0": _gaussian(x, 0.3, 0.12)}
+    return {"V": 5.0 * (1 - x) ** 2, "g": 10.0 * (1 - x) ** 2, "m0": m0}
+
+
+# Bounds from the numerics, shared by every MFG problem:
+# - coordinates: particle positions are squared and summed over up to INT64_MAX particles (moments,
+#   variances, the KDE's spread), so |x| stays below sqrt(FLOAT_MAX / INT64_MAX), with a margin of 4
+#   for the sums and differences of positions;
+X_LIMIT = math.sqrt(FLOAT_MAX / INT64_MAX) / 4
+# - a cell keeps 20 bits of position: (x - xmin) / dx, a particle's place in its cell, is exact to
+#   about 1e-6 of a cell only when dx is at least 2**20 units in the last place of the coordinates;
+CELL_BITS = 20
+# - a Gaussian normal draw stays below 40 in float64 (its tail beyond is below 1e-300).
+LARGEST_DRAW = 40.0
 
 
 @dataclass(frozen=True)
@@ -106,37 +135,26 @@ class MFGModel:
     m0: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        # Fields are checked in dependency order (domain, grid, time, coefficients, particles,
+        # arrays): each check uses only fields already checked, so the first error names the
+        # field the user got wrong, not one derived from it.
         set_ = object.__setattr__
         set_(self, "preset", check_choice("preset", self.preset, PRESETS))
+        given = {name for name in preset_defaults(self.preset) if getattr(self, name) is not None}
         for name, value in preset_defaults(self.preset).items():
             if getattr(self, name) is None:
                 set_(self, name, value)
-        set_(self, "xmin", check_float("xmin", self.xmin))
-        set_(self, "xmax", check_float("xmax", self.xmax))
-        if self.xmax <= self.xmin:
-            raise fail("xmax", self.xmax, f"must be greater than xmin={self.xmin:g}")
-        set_(self, "Nx", check_int("Nx", self.Nx, minimum=3, maximum=1_000_000))
-        set_(self, "T", check_float("T", self.T, minimum=0, strict_minimum=True))
-        set_(self, "Nt", check_int("Nt", self.Nt, minimum=1, maximum=10_000_000))
-        set_(self, "sigma", check_float("sigma", self.sigma, minimum=0))
-        set_(self, "lam", check_float("lam", self.lam, minimum=0))
-        set_(self, "congestion", check_choice("congestion", self.congestion, CONGESTION))
-        set_(self, "congestion_coef", check_float("congestion_coef", self.congestion_coef, minimum=0))
-        set_(self, "boundary", check_choice("boundary", self.boundary, BOUNDARIES))
+        _check_domain(self, given)
+        _check_time(self)
+        _check_coefficients(self)
         set_(self, "N", check_int("N", self.N, minimum=1))
         set_(self, "seed", check_seed("seed", self.seed))
         set_(self, "kde", check_choice("kde", self.kde, KDE_METHODS))
         if isinstance(self.bandwidth, str):
             set_(self, "bandwidth", check_choice("bandwidth", self.bandwidth, BANDWIDTH_RULES))
         else:
-            set_(self, "bandwidth", check_float("bandwidth", self.bandwidth, minimum=0, strict_minimum=True))
-        x = self.x
-        defaults = preset_functions(self.preset, x)
-        for name in ("V", "g"):
-            value = defaults[name] if getattr(self, name) is None else getattr(self, name)
-            set_(self, name, check_array(name, value, shape=(self.Nx,)))
-        m0 = defaults["m0"] if self.m0 is None else self.m0
-        set_(self, "m0", normalised_density("m0", m0, self))
+            _check_bandwidth(self)
+        _check_functions(self, given)
 
     # -- the grid ------------------------------------------------------------
     @property
@@ -181,6 +199,96 @@ class MFGModel:
 LOG_FLOOR = 1e-8
 
 
+def _domain_field(given: set[str]) -> str:
+    """The domain field to blame for a grid the numerics cannot hold: the one the user set (xmax if both)."""
+    return "xmin" if "xmin" in given and "xmax" not in given else "xmax"
+
+
+def _check_domain(model: MFGModel, given: set[str]) -> None:
+    """xmin, xmax, boundary and Nx, then the grid they make."""
+    set_ = object.__setattr__
+    for name in ("xmin", "xmax"):
+        set_(model, name, check_float(name, getattr(model, name), minimum=-X_LIMIT, maximum=X_LIMIT))
+    if model.xmax <= model.xmin:
+        raise fail("xmax", model.xmax, f"must be greater than xmin={model.xmin:g}")
+    set_(model, "boundary", check_choice("boundary", model.boundary, BOUNDARIES))
+    set_(model, "Nx", check_int("Nx", model.Nx, minimum=3, maximum=1_000_000))
+    blame = _domain_field(given)
+    value = getattr(model, blame)
+    dx = model.dx
+    # the diffusion term divides by dx**2 (and Python's ** raises where * would give inf)
+    cells = "Nx" if model.boundary == "periodic" else "(Nx-1)"
+    check_derived(blame, value, dx, f"the grid spacing dx=(xmax-xmin)/{cells}", low=math.sqrt(FLOAT_TINY),
+                  high=math.sqrt(FLOAT_MAX))
+    scale = max(abs(model.xmin), abs(model.xmax))
+    if dx < 2.0**CELL_BITS * np.spacing(scale):
+        raise fail(blame, value, f"the grid spacing dx={dx:.3g} is too fine for coordinates near {scale:.3g}: "
+                   f"it must be at least {2.0**CELL_BITS * np.spacing(scale):.3g} (2**{CELL_BITS} float64 steps) "
+                   "so that a particle's place in its cell stays exact")
+
+
+def _check_time(model: MFGModel) -> None:
+    set_ = object.__setattr__
+    set_(model, "T", check_float("T", model.T, minimum=0, strict_minimum=True))
+    set_(model, "Nt", check_int("Nt", model.Nt, minimum=1, maximum=10_000_000))
+    # the implicit step divides by dt: a subnormal dt loses precision and 1/dt overflows
+    check_derived("T", model.T, model.dt, "the time step dt=T/Nt", low=FLOAT_TINY)
+
+
+def _check_coefficients(model: MFGModel) -> None:
+    """sigma, lam, congestion and its coefficient, each bounded by the terms of the scheme it enters."""
+    set_ = object.__setattr__
+    set_(model, "sigma", check_float("sigma", model.sigma, minimum=0))
+    sigma, dx, dt = model.sigma, model.dx, model.dt
+    # the implicit step's diagonal, 1/dt + sigma**2/dx**2, and a particle's largest noise step
+    check_derived("sigma", sigma, 1 / dt + sigma * sigma / (dx * dx),
+                  "the implicit step's diagonal 1/dt + sigma**2/dx**2")
+    check_derived("sigma", sigma, LARGEST_DRAW * sigma * math.sqrt(dt) + model.length,
+                  "a particle's largest noise step, 40*sigma*sqrt(dt), plus the domain's length")
+    set_(model, "lam", check_float("lam", model.lam, minimum=0))
+    # the upwind Hamiltonian's Jacobian holds lam * Dm U / dx: lam / dx**2 per unit of U
+    check_derived("lam", model.lam, model.lam / (dx * dx), "the Hamiltonian's Jacobian scale lam/dx**2")
+    set_(model, "congestion", check_choice("congestion", model.congestion, CONGESTION))
+    set_(model, "congestion_coef", check_float("congestion_coef", model.congestion_coef, minimum=0))
+    # a density of unit mass is at most 1/(dx/2) (all of it on a wall's half cell); its log at least log(LOG_FLOOR)
+    largest = max(2.0 / dx, -math.log(LOG_FLOOR))
+    check_derived("congestion_coef", model.congestion_coef, model.congestion_coef * largest,
+                  "the largest congestion cost, congestion_coef * max(2/dx, -log 1e-8)")
+
+
+def _check_bandwidth(model: MFGModel) -> None:
+    h = check_float("bandwidth", model.bandwidth, minimum=0, strict_minimum=True)
+    object.__setattr__(model, "bandwidth", h)
+    # the kernel is sampled at integer offsets up to 6h/dx: they must be exact in float64 (2**53)
+    check_derived("bandwidth", h, kde.TRUNCATION * h / model.dx, "the kernel's reach in grid points, 6*bandwidth/dx",
+                  high=2.0**53)
+    # the direct KDE divides by N * h * sqrt(2 pi)
+    check_derived("bandwidth", h, h * model.N, "the direct KDE's normalisation N*bandwidth", low=FLOAT_TINY)
+
+
+def _check_functions(model: MFGModel, given: set[str]) -> None:
+    """V, g and m0: the user's arrays, or the preset's on this grid (which must be finite and hold the crowd)."""
+    set_ = object.__setattr__
+    defaults = preset_functions(model.preset, model.x)
+    blame = _domain_field(given)
+    for name in ("V", "g", "m0"):
+        if getattr(model, name) is None and not np.all(np.isfinite(defaults[name])):
+            raise fail(blame, getattr(model, blame), f"the preset {model.preset!r}'s {name} overflows float64 on "
+                       f"[{model.xmin:g}, {model.xmax:g}]: a smaller domain, or give {name}")
+    for name in ("V", "g"):
+        value = defaults[name] if getattr(model, name) is None else getattr(model, name)
+        set_(model, name, check_array(name, value, shape=(model.Nx,)))
+    if model.m0 is None:
+        if not np.sum(defaults["m0"] * model.weights()) > 0:
+            centre, width = PRESET_CROWD[model.preset]
+            raise fail(blame, getattr(model, blame), f"the preset {model.preset!r} starts the crowd near "
+                       f"x={centre:g} (width {width:g}), which the grid of Nx={model.Nx} points on "
+                       f"[{model.xmin:g}, {model.xmax:g}] misses: a domain that covers it, or give m0")
+        set_(model, "m0", normalised_density("m0", defaults["m0"], model))
+    else:
+        set_(model, "m0", normalised_density("m0", model.m0, model))
+
+
 def quadrature_weights(nx: int, dx: float, boundary: str) -> np.ndarray:
     """Weights w with sum(w * m) = integral of m: cells of dx; half cells at reflecting walls."""
     w = np.full(nx, dx)
@@ -192,10 +300,12 @@ def quadrature_weights(nx: int, dx: float, boundary: str) -> np.ndarray:
 def normalised_density(field: str, value, model: MFGModel) -> np.ndarray:
     """A non-negative, finite density of the grid's length, scaled to unit mass."""
     density = check_array(field, value, shape=(model.Nx,), nonnegative=True)
-    mass = float(np.sum(density * model.weights()))
-    if not mass > 0:
+    peak = float(density.max())
+    if not peak > 0:
         raise fail(field, value, "must have positive mass to be normalised (all zeros)")
-    normalised = density / mass
+    # scaled to a peak of 1 first, so that the mass of huge or tiny values neither overflows nor underflows
+    shape = density / peak
+    normalised = shape / float(np.sum(shape * model.weights()))
     normalised.setflags(write=False)
     return normalised
 
@@ -203,6 +313,16 @@ def normalised_density(field: str, value, model: MFGModel) -> np.ndarray:
 def check_space_time(field: str, value, model: MFGModel, *, nonnegative: bool = False) -> np.ndarray:
     """An array on the space-time grid: shape (Nt+1, Nx)."""
     return check_array(field, value, shape=(model.Nt + 1, model.Nx), nonnegative=nonnegative)
+
+
+def space_time_view(row: np.ndarray, model: MFGModel) -> np.ndarray:
+    """``row`` repeated at every time level, (Nt+1, Nx), as a read-only broadcast view.
+
+    A default field on the space-time grid costs no memory at construction:
+    HJBProblem(Nx=1e5, Nt=1e5) would otherwise allocate 75 GiB before any
+    estimate could refuse it. Solvers read it like any array.
+    """
+    return np.broadcast_to(row, (model.Nt + 1, model.Nx))
 
 
 @dataclass(frozen=True)
@@ -217,8 +337,10 @@ class FPProblem(MFGModel):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        u = np.zeros((self.Nt + 1, self.Nx)) if self.U is None else self.U
-        object.__setattr__(self, "U", check_space_time("U", u, self))
+        if self.U is None:  # zero everywhere, as a read-only view: no (Nt+1, Nx) array is allocated
+            object.__setattr__(self, "U", space_time_view(np.zeros(1), self))
+        else:
+            object.__setattr__(self, "U", check_space_time("U", self.U, self))
 
 
 @dataclass(frozen=True)
@@ -236,13 +358,17 @@ class HJBProblem(MFGModel):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        m = np.tile(self.m0, (self.Nt + 1, 1)) if self.M is None else self.M
-        object.__setattr__(self, "M", check_space_time("M", m, self, nonnegative=True))
+        if self.M is None:  # m0 at every time, as a read-only view of m0: nothing (Nt+1, Nx) is allocated
+            object.__setattr__(self, "M", space_time_view(self.m0, self))
+        else:
+            object.__setattr__(self, "M", check_space_time("M", self.M, self, nonnegative=True))
         if self.V_t is not None:
             object.__setattr__(self, "V_t", check_space_time("V_t", self.V_t, self))
         object.__setattr__(self, "newton_tol", check_float("newton_tol", self.newton_tol, minimum=0,
                                                            strict_minimum=True))
-        object.__setattr__(self, "newton_max", check_int("newton_max", self.newton_max, minimum=1))
+        # the kernels count Newton iterations in int64 and loop to newton_max + 1
+        object.__setattr__(self, "newton_max", check_int("newton_max", self.newton_max, minimum=1,
+                                                         maximum=INT64_MAX - 1))
 
     def potential(self) -> np.ndarray:
         """V on the space-time grid (Nt+1, Nx)."""
@@ -293,6 +419,9 @@ class CommonNoiseProblem(MFGProblem):
         object.__setattr__(self, "K", check_int("K", self.K, minimum=1))
         object.__setattr__(self, "kappa", check_float("kappa", self.kappa, minimum=0))
         object.__setattr__(self, "noise", check_float("noise", self.noise, minimum=0))
+        # a path's largest excursion, noise * sqrt(T) times the largest draw, shifts the potential's argument
+        check_derived("noise", self.noise, LARGEST_DRAW * self.noise * math.sqrt(self.T) + X_LIMIT,
+                      "the common noise's largest shift, 40*noise*sqrt(T)")
         q = check_array("quantiles", self.quantiles, ndim=1)
         if q.size == 0 or np.any((q < 0) | (q > 1)):
             raise fail("quantiles", self.quantiles, "must be numbers in [0, 1]")
