@@ -78,6 +78,7 @@ def forget() -> None:
     global _stored
     with _lock:
         _stored = None
+        store.forget()
         _models.clear()
         _paid.clear()
         _started.clear()
@@ -252,10 +253,8 @@ def _update(change) -> None:
     if _off():
         return
     with _lock:
-        try:
-            _stored = store.update(change)
-        except OSError as exc:  # a read-only cache must not break a solve
-            warnings.warn(f"could not write the wisdom file: {exc}", store.WisdomWarning, stacklevel=3)
+        # never raises for the store's faults: where the disk is unusable the change lands in memory
+        _stored = store.update(change)
 
 
 def record_calibration(spec: SolverSpec, implementation: str, records: list[dict[str, Any]],
@@ -329,6 +328,8 @@ def flush() -> None:
                 if entry is None or entry.get("version") != version or implementation not in entry["backends"]:
                     continue  # only calibrated pairs keep a history
                 history = entry["backends"][implementation].setdefault("history", [])
+                if any(kept is record for kept in history):
+                    continue  # the store runs in memory: record_solve already put it there
                 history.append(record)
                 del history[:-HISTORY_LIMIT]
 
