@@ -61,6 +61,37 @@ class WorkerCrashedError(TaskFailedError):
     """A worker process died (segfault, ``os._exit``, out of memory) while running a task."""
 
 
+class TaskTimeoutError(TaskFailedError):
+    """A task of a parallel map ran longer than the map's ``timeout``; its worker was stopped.
+
+    ``timeout`` is the limit in seconds; ``partial_results`` keeps what finished.
+    """
+
+    def __init__(self, message: str, task_index: int, partial_results: list | None = None,
+                 timeout: float | None = None):
+        super().__init__(message, task_index, partial_results)
+        self.timeout = timeout
+
+
+class UnpicklableTaskError(CrossoverError, RuntimeError):
+    """Stands in for a task's exception that could not be sent back from its worker process.
+
+    ``str()`` is the original's ``"TypeName: message"``; ``remote_traceback``
+    is its traceback as text, formatted in the worker.
+    """
+
+    def __init__(self, text: str, remote_traceback: str = ""):
+        super().__init__(text, remote_traceback)
+        self.remote_traceback = remote_traceback
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class UnguardedMainError(CrossoverError, RuntimeError):
+    """A task needs the main script, which pool workers cannot import safely (no ``__main__`` guard)."""
+
+
 class PluginWarning(UserWarning):
     """A plugin was skipped; the rest of crossover keeps working."""
 

@@ -15,16 +15,42 @@ the backends through the registry.
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from core.validation import fail
+from core.validation import check_float, fail
 
 TaskFn = Callable[[Any, Mapping[str, np.ndarray], "np.random.SeedSequence | None"], Any]
 # on_result(index, result): called in the calling process as each task completes
 ResultCallback = Callable[[int, Any], None]
+
+
+# the default of every map's ``timeout``: seconds one task may run (unset: no limit)
+TIMEOUT_VARIABLE = "CROSSOVER_TASK_TIMEOUT"
+
+
+def task_timeout(timeout: float | None = None) -> float | None:
+    """Seconds one task of a map may run: ``timeout``, else ``CROSSOVER_TASK_TIMEOUT``, else None (no limit).
+
+    No limit is the default because a fair task may run for hours; the
+    variable sets one for every map of a process (a CI job, a service).
+    """
+    if timeout is not None:
+        return check_float("timeout", timeout, minimum=0, strict_minimum=True)
+    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise fail(TIMEOUT_VARIABLE, os.environ[TIMEOUT_VARIABLE], "must be a finite number of seconds > 0, or unset")
+    return seconds
 
 
 def task_seeds(seed: int | None, n_tasks: int) -> list[np.random.SeedSequence | None]:

@@ -15,6 +15,17 @@ Why each choice:
   executor only says "broken pool"; the markers tell which task was running.
 - *results handed over as they complete* (``on_result``): a long map can
   checkpoint or show progress without waiting for its slowest task.
+- *workers start without the caller's main script* (:mod:`core.backends.pool_main`):
+  a script without a ``__main__`` guard would otherwise rerun in every worker.
+- *workers exit when the caller does*, however it dies
+  (:mod:`core.backends.pool_lifeline`), and so do the forkserver and the
+  resource tracker.
+- *a task timeout* (``timeout=``, default ``CROSSOVER_TASK_TIMEOUT``), and
+  an interrupted map (Ctrl-C, a failing ``on_result``) lets running tasks
+  finish for a short grace, then kills their workers: a hung task never
+  hangs the caller, at the map or at exit. The next map starts a fresh pool.
+- *exceptions that cannot be pickled* come back as their type name and
+  message (:class:`~core.errors.UnpicklableTaskError`), not as a dead worker.
 
 Plugins never call this module: they call :func:`core.tasks.map_tasks`,
 which reaches :func:`map_tasks` here through the ``map`` of :data:`BACKEND`.
@@ -25,26 +36,38 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import os
+import pickle
+import signal
 import sys
+import threading
 import time
+import traceback
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import shared_memory
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_for_sentinels
 from typing import Any
 
 import numpy as np
 
 from core.backend import Availability, Backend, host_free_memory
-from core.errors import TaskFailedError, WorkerCrashedError
-from core.seeded_tasks import ResultCallback, TaskFn, task_labels, task_seeds
-from core.validation import env_flag
+from core.backends import pool_lifeline, pool_main
+from core.errors import TaskFailedError, TaskTimeoutError, UnpicklableTaskError, WorkerCrashedError
+from core.seeded_tasks import ResultCallback, TaskFn, task_labels, task_seeds, task_timeout
+from core.validation import env_flag, fail
 
 _STARTED, _FINISHED = 1, 2
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 # a worker waits this long at most for its peers to check in (a start never hangs)
 _START_TIMEOUT_SECONDS = 60.0
+# an interrupted map, or the exit, waits this long for running tasks before it kills their workers
+_GRACE_SECONDS = 1.0
+# how often a map with a timeout looks at which tasks have started
+_POLL_SECONDS = 0.05
 
 _executor: ProcessPoolExecutor | None = None
 _executor_workers = 0
@@ -52,10 +75,12 @@ _started: ProcessPoolExecutor | None = None  # the pool whose every worker is kn
 
 
 def default_workers() -> int:
-    """Workers to start: ``CROSSOVER_WORKERS`` if set, else the usable cores."""
-    configured = os.environ.get("CROSSOVER_WORKERS")
+    """Workers to start: ``CROSSOVER_WORKERS`` if set (an integer >= 1), else the usable cores."""
+    configured = os.environ.get("CROSSOVER_WORKERS", "").strip()
     if configured:
-        return max(1, int(configured))
+        if not (configured.isascii() and configured.isdigit()) or int(configured) < 1:
+            raise fail("CROSSOVER_WORKERS", os.environ["CROSSOVER_WORKERS"], "must be an integer >= 1, or unset")
+        return int(configured)
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS and Windows have no affinity call
@@ -73,11 +98,11 @@ def get_executor(workers: int | None = None) -> ProcessPoolExecutor:
     if _executor is not None and (_executor_workers != workers or _is_broken(_executor)):
         shutdown()
     if _executor is None:
-        context = multiprocessing.get_context(start_method())
+        context = pool_main.pool_context(start_method())
         pin = env_flag("CROSSOVER_PIN_WORKERS")
         counter = context.Value("i", 0) if pin and hasattr(os, "sched_setaffinity") else None
         _executor = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
-                                        initargs=(counter, workers))
+                                        initargs=(counter, workers, pool_lifeline.caller_lifeline(context)))
         _executor_workers = workers
     return _executor
 
@@ -89,6 +114,34 @@ def shutdown() -> None:
         _executor.shutdown(wait=True, cancel_futures=True)
         _executor = None
     _started = None
+
+
+def _kill_workers() -> None:
+    """Stop the pool's workers now, whatever they run (a hung or interrupted task); the next map starts afresh."""
+    global _executor, _started
+    executor, _executor, _started = _executor, None, None
+    if executor is None:
+        return
+    processes = list((getattr(executor, "_processes", None) or {}).values())
+    for process in processes:
+        process.kill()  # SIGKILL: a hung task may ignore anything milder, and it owns nothing to clean up
+    # the executor sees its workers gone and fails their futures; wait until they are, without reaping them
+    executor.shutdown(wait=False, cancel_futures=True)
+    wait_for_sentinels([process.sentinel for process in processes], timeout=_GRACE_SECONDS)
+
+
+def _shutdown_at_exit() -> None:
+    """At exit: let running tasks finish for a short grace, then kill their workers (never wait for a hung one)."""
+    global _executor, _started
+    executor = _executor
+    if executor is None:
+        return
+    processes = list((getattr(executor, "_processes", None) or {}).values())
+    executor.shutdown(wait=False, cancel_futures=True)
+    if len(wait_for_sentinels([p.sentinel for p in processes], timeout=_GRACE_SECONDS)) < len(processes):
+        for process in processes:
+            process.kill()
+    _executor = _started = None
 
 
 def start_pool(workers: int | None = None) -> None:
@@ -118,6 +171,9 @@ def start_pool(workers: int | None = None) -> None:
         shutdown()
         raise WorkerCrashedError(f"a worker process died while the pool of {count} was starting: {exc}",
                                  -1, []) from exc
+    except BaseException:  # interrupted: the check-ins must not keep the exit waiting
+        _kill_workers()
+        raise
     finally:
         _release([marker])
     _started = executor
@@ -133,15 +189,21 @@ def _check_in(index: int, marker: str, count: int) -> int:
     return os.getpid()
 
 
-atexit.register(shutdown)
+# concurrent.futures joins its executors' threads at exit, before atexit handlers run, and that join
+# waits for every running task; the exit hook must come first, so it goes where that one is
+# registered (threading's own exit hooks run in reverse order), and to atexit where that is missing.
+if hasattr(threading, "_register_atexit"):
+    threading._register_atexit(_shutdown_at_exit)
+else:  # pragma: no cover
+    atexit.register(_shutdown_at_exit)
 
 
 def _is_broken(executor: ProcessPoolExecutor) -> bool:
     return bool(getattr(executor, "_broken", False))
 
 
-def _init_worker(counter=None, workers: int = 1) -> None:
-    """Pin each worker to one BLAS and one Numba thread (see module docstring).
+def _init_worker(counter=None, workers: int = 1, lifeline: Connection | None = None) -> None:
+    """Tie the worker's life to the caller's, and pin it to one BLAS and one Numba thread (see module docstring).
 
     Numba's pool is sized for ``workers`` threads but set to use one: a task
     may raise it later, when :func:`cores_for_this_task` says cores are idle.
@@ -149,7 +211,13 @@ def _init_worker(counter=None, workers: int = 1) -> None:
     With ``CROSSOVER_PIN_WORKERS=1`` each worker is also bound to its own
     core (worker i to the i-th usable core), so the scheduler never moves a
     busy worker and its caches between cores.
+
+    Ctrl-C in a terminal reaches the whole process group: workers ignore it,
+    and the caller, which decides, stops them.
     """
+    if lifeline is not None:
+        pool_lifeline.hold_on(lifeline)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if counter is not None:
         with counter.get_lock():
             index = counter.value
@@ -229,20 +297,45 @@ _index = 0
 _lendable = 1
 
 
-def _run_task(fn: TaskFn, index: int, task: Any, handles: Mapping[str, ArrayHandle],
-              seed: np.random.SeedSequence | None, marker: str, count: int, lendable: int) -> Any:
+def _run_task(payload: bytes, main: pool_main.MainRef | None, index: int, handles: Mapping[str, ArrayHandle],
+              marker: str, count: int, lendable: int) -> Any:
+    """Worker side of a map: unpickle task ``index`` (see :func:`_pack`), run it, mark it started and finished."""
     global _states, _index, _lendable
     states = np.ndarray((count,), np.int8, buffer=_attach(marker).buf)
     states[index] = _STARTED
     _states, _index, _lendable = states, index, lendable
     try:
-        result = fn(task, _views(handles), seed)
+        fn, task, seed = pool_main.loads_task(payload, main)
+        return fn(task, _views(handles), seed)
+    except Exception as exc:
+        stand_in = _unsendable(exc)
+        if stand_in is None:
+            raise
+        raise stand_in from None
     finally:
         _states = None
         if "numba" in sys.modules:  # cores lent to this task go back before the next one
             sys.modules["numba"].set_num_threads(1)
-    states[index] = _FINISHED
-    return result
+        states[index] = _FINISHED
+
+
+def _unsendable(exc: Exception) -> UnpicklableTaskError | None:
+    """None if ``exc`` survives the trip to the caller; else a stand-in with its type name and message.
+
+    The executor would pickle the exception to send it back, and one that
+    fails to pickle or unpickle (a required ``__init__`` argument, a lock
+    in an attribute) would break the pool and read as a worker crash.
+    """
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return None
+    except Exception:
+        try:
+            message = str(exc)
+        except Exception:
+            message = "(its message could not be formatted)"
+        remote = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return UnpicklableTaskError(f"{type(exc).__name__}: {message}", remote)
 
 
 def cores_for_this_task() -> int | None:
@@ -278,92 +371,163 @@ def _lendable_cores(workers: int) -> int:
 
 def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarray] | None = None,
               seed: int | None = None, labels: Sequence[str] | None = None,
-              on_result: ResultCallback | None = None, workers: int | None = None) -> list[Any]:
+              on_result: ResultCallback | None = None, workers: int | None = None,
+              timeout: float | None = None) -> list[Any]:
     """Run ``fn(task, shared, seed)`` for every task on the pool; results in task order.
 
-    ``fn`` must be importable (a module-level function). ``shared`` arrays
-    travel once through shared memory and arrive read-only. With ``seed``,
-    task ``i`` gets the ``i``-th child of ``SeedSequence(seed)``, exactly as
-    :func:`core.tasks.run_serially` does. ``on_result(index, result)`` runs
-    here, in the calling process, as each task completes (completion
-    order). A failing task raises :class:`TaskFailedError`, a worker that
-    dies raises :class:`WorkerCrashedError`; both name the task and keep the
-    results of every task that finished. ``workers`` overrides the pool's
-    size (tests; otherwise :func:`default_workers`).
+    ``fn`` must be importable (a module-level function; one defined in the
+    main script works where the script has an ``if __name__ == "__main__":``
+    guard). ``shared`` arrays travel once through shared memory and arrive
+    read-only. With ``seed``, task ``i`` gets the ``i``-th child of
+    ``SeedSequence(seed)``, exactly as :func:`core.tasks.run_serially` does.
+    ``on_result(index, result)`` runs here, in the calling process, as each
+    task completes (completion order). ``timeout`` is the seconds one task
+    may run (default ``CROSSOVER_TASK_TIMEOUT``, else no limit).
+
+    A failing task raises :class:`TaskFailedError`, a worker that dies
+    :class:`WorkerCrashedError`, a task past the timeout
+    :class:`TaskTimeoutError` (its worker is killed); all name the task and
+    keep the results of every task that finished. ``workers`` overrides the
+    pool's size (tests; otherwise :func:`default_workers`).
     """
     tasks = list(tasks)
     labels = task_labels(tasks, labels)
+    limit = task_timeout(timeout)
+    seeds = task_seeds(seed, len(tasks))
+    payloads, main = _pack(fn, tasks, seeds, labels)
     handles, blocks = _share(shared or {})
     marker = shared_memory.SharedMemory(create=True, size=max(len(tasks), 1))
     states = np.ndarray((len(tasks),), np.int8, buffer=marker.buf)
     states[:] = 0
     try:
         executor = get_executor(workers)
-        seeds = task_seeds(seed, len(tasks))
         lendable = _lendable_cores(_executor_workers)
-        futures = {executor.submit(_run_task, fn, i, task, handles, s, marker.name, len(tasks), lendable): i
-                   for i, (task, s) in enumerate(zip(tasks, seeds))}
-        results, crashed, failures = _collect(futures, len(tasks), on_result)
+        futures = {executor.submit(_run_task, payload, main, i, handles, marker.name, len(tasks), lendable): i
+                   for i, payload in enumerate(payloads)}
+        results, crashed, failures, overdue = _collect(futures, states, on_result, limit)
+        if overdue is not None:
+            del states
+            _kill_workers()
+            kept = sum(r is not None for r in results)
+            raise TaskTimeoutError(
+                f"task {overdue} ({labels[overdue]}) did not finish within the timeout of {limit:g} s "
+                f"(timeout= or CROSSOVER_TASK_TIMEOUT); its worker was stopped and {kept} finished results "
+                f"were kept", overdue, results, limit)
         if crashed:
             suspects = [i for i in range(len(tasks)) if states[i] == _STARTED]
             del states
             shutdown()  # the broken pool is useless; the next map builds a new one
-            raise _crash_error(fn, tasks, labels, suspects, handles, seeds, marker.name, results, workers,
-                               on_result)
+            raise _crash_error(payloads, main, labels, suspects, handles, marker.name, results, workers,
+                               on_result, limit)
         if failures:
             i = min(failures)  # the first failing task in the caller's order, whatever finished first
             error = failures[i]
-            raise TaskFailedError(f"task {i} ({labels[i]}) failed: {type(error).__name__}: {error}",
-                                  i, results) from error
+            raise TaskFailedError(f"task {i} ({labels[i]}) failed: {_failure_text(error)}", i, results) from error
         return results
     finally:
         _release([*blocks, marker])
 
 
-def _collect(futures: dict[Future, int], count: int,
-             on_result: ResultCallback | None) -> tuple[list[Any], bool, dict[int, BaseException]]:
-    """Results in task order as they complete, whether the pool broke, and each failed task's error.
+def _pack(fn: TaskFn, tasks: list, seeds: list, labels: list[str]) -> tuple[list[bytes], pool_main.MainRef | None]:
+    """Each task pickled here with its function and seed, and where workers find the main script if it needs it.
 
-    If ``on_result`` raises (or the caller is interrupted), the tasks not yet
-    started are cancelled and the running ones awaited before the error
-    goes on: their shared memory is released right after.
+    Pickled here, not by the executor, so that a task that cannot travel is
+    one clear error naming it before anything runs, and so that a worker
+    can import the main script before it unpickles a task that needs it.
     """
-    results: list[Any] = [None] * count
-    crashed, failures = False, {}
+    payloads, from_main = [], set()
+    for i, (task, task_seed) in enumerate(zip(tasks, seeds)):
+        try:
+            payload, names = pool_main.dumps_task((fn, task, task_seed))
+        except Exception as exc:
+            raise TaskFailedError(f"task {i} ({labels[i]}) cannot be sent to a worker process: "
+                                  f"{type(exc).__name__}: {exc}", i, [None] * len(tasks)) from exc
+        payloads.append(payload)
+        from_main |= names
+    return payloads, (pool_main.main_reference(from_main) if from_main else None)
+
+
+def _failure_text(error: BaseException) -> str:
+    if isinstance(error, UnpicklableTaskError):
+        return f"{error} (the exception could not be pickled, so it came back as text)"
+    return f"{type(error).__name__}: {error}"
+
+
+def _collect(futures: dict[Future, int], states: np.ndarray, on_result: ResultCallback | None,
+             limit: float | None) -> tuple[list[Any], bool, dict[int, BaseException], int | None]:
+    """Results in task order as they complete, whether the pool broke, failed tasks' errors, a task past the timeout.
+
+    With a timeout, a task's clock starts when this process first sees its
+    start marker (so a task never gets less than the limit), and collecting
+    stops at the first task past it. If ``on_result`` raises, or the caller
+    is interrupted, the tasks not yet started are cancelled, the running
+    ones get a short grace, and then their workers are killed, before the
+    error goes on: a hung task cannot hold up Ctrl-C.
+    """
+    results: list[Any] = [None] * len(states)
+    crashed, failures, overdue = False, {}, None
+    waiting, running_since = set(futures), {}
     try:
-        for future in as_completed(futures):
-            i = futures[future]
-            error = future.exception()
-            if error is None:
-                results[i] = future.result()
-                if on_result is not None:
-                    on_result(i, results[i])
-            elif isinstance(error, BrokenProcessPool):
-                crashed = True
-            else:
-                failures[i] = error
+        while waiting and overdue is None:
+            done, waiting = wait(waiting, timeout=None if limit is None else _POLL_SECONDS,
+                                 return_when=FIRST_COMPLETED)
+            for future in sorted(done, key=futures.__getitem__):  # finished together: in task order
+                i = futures[future]
+                error = future.exception()
+                if error is None:
+                    results[i] = future.result()
+                    if on_result is not None:
+                        on_result(i, results[i])
+                elif isinstance(error, BrokenProcessPool):
+                    crashed = True
+                else:
+                    failures[i] = error
+            if limit is not None and not crashed:
+                overdue = _overdue(sorted(futures[f] for f in waiting), states, running_since, limit)
     except BaseException:
-        for future in futures:
-            future.cancel()
-        wait(futures)
+        _stop(futures)
         raise
-    return results, crashed, failures
+    return results, crashed, failures, overdue
 
 
-def _crash_error(fn: TaskFn, tasks: list, labels: list[str], suspects: list[int],
-                 handles: Mapping[str, ArrayHandle], seeds: list, marker: str, results: list,
-                 workers: int | None, on_result: ResultCallback | None) -> WorkerCrashedError:
+def _overdue(unfinished: list[int], states: np.ndarray, running_since: dict[int, float], limit: float) -> int | None:
+    now = time.monotonic()
+    for i in unfinished:
+        if states[i] == _STARTED and now - running_since.setdefault(i, now) > limit:
+            return i
+    return None
+
+
+def _stop(futures: dict[Future, int]) -> None:
+    """Cancel the tasks not started; kill the workers of those still running after a short grace."""
+    for future in futures:
+        future.cancel()
+    running = set(futures)
+    try:
+        running = wait(futures, timeout=_GRACE_SECONDS).not_done
+    finally:  # a second Ctrl-C during the grace still kills them
+        if running:
+            _kill_workers()
+
+
+def _crash_error(payloads: list[bytes], main: pool_main.MainRef | None, labels: list[str], suspects: list[int],
+                 handles: Mapping[str, ArrayHandle], marker: str, results: list, workers: int | None,
+                 on_result: ResultCallback | None, limit: float | None) -> WorkerCrashedError:
     """Name the task whose worker died, rerunning suspects alone when several were running."""
     culprits = list(suspects)
     if len(suspects) > 1:
         culprits = []
         for i in suspects:
             try:
-                results[i] = get_executor(workers).submit(
-                    _run_task, fn, i, tasks[i], handles, seeds[i], marker, len(tasks), 1).result()
+                future = get_executor(workers).submit(_run_task, payloads[i], main, i, handles, marker,
+                                                      len(payloads), 1)
+                results[i] = future.result(timeout=limit)
             except BrokenProcessPool:
                 culprits.append(i)
                 shutdown()
+                continue
+            except FutureTimeout:  # hung rather than crashed: not the crash we are naming
+                _kill_workers()
                 continue
             except Exception:
                 continue  # an ordinary failure is not the crash we are naming
