@@ -1,0 +1,265 @@
+"""Fitting: a cross-correlation start, then a damped Gauss-Newton (Levenberg-Marquardt) fit; errors from the curvature.
+
+Everything here is written once against :mod:`plugins.spectra.ops`, so the
+numpy, numba and torch backends run the same algorithm on their own arrays:
+
+1. :func:`ccf_start`: each spectrum, flattened by its own running mean, is
+   cross-correlated (by FFT, on the template's log-wavelength grid) with a
+   dozen flattened templates spread over the grid, over +-1000 km/s; the
+   best (template, shift) gives the starting v and theta.
+2. :func:`lm_batch`: Levenberg-Marquardt on all spectra at once, each with
+   its own damping, acceptance and convergence test; converged spectra drop
+   out of the batch, so the work shrinks as they finish.
+3. :func:`reference_fit`: the numpy reference, ``scipy.optimize.least_squares``
+   one spectrum at a time on the same model and starting point.
+4. :func:`finish`: errors from the inverse of the projected Fisher matrix at
+   the optimum, flags, and the output table's columns.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from plugins.spectra.model import N_PARAMS, PARAM_NAMES, Prepared, covariance, evaluate, log_doppler
+from plugins.spectra.templates import C_KMS, V_MAX
+
+# per-spectrum flags (bits of the FLAGS column); SUCCESS means none of FAILURE's bits
+NO_DATA = 1  # too few usable pixels (all masked, all NaN, zero signal): not fitted
+MISSING_ARM = 2  # an arm had no usable pixel; the others were fitted
+NOT_CONVERGED = 4  # the iteration limit came first
+AT_BOUND = 8  # a parameter ended on its bound (the grid's edge, |v| = 1000 km/s)
+UNCONSTRAINED = 16  # the velocity error is not finite or above 100 km/s: the data cannot say
+FAILURE = NO_DATA | NOT_CONVERGED | UNCONSTRAINED
+MIN_PIXELS = 50
+START_VSINI = 15.0  # km/s: above the kernel's one-pixel width, so the vsini gradient is not zero at the start
+CCF_SMOOTH = 50  # half-width, in data pixels, of the running mean that flattens a spectrum for the CCF
+TEMPLATE_SMOOTH = 150  # the same for templates, in template pixels (~1800 km/s)
+
+
+# -- the cross-correlation start -----------------------------------------------------------
+
+
+def coarse_nodes(prep: Prepared) -> np.ndarray:
+    """About a dozen grid nodes spread over teff (3), logg (2) and [Fe/H] (2) at the middle [alpha/Fe]."""
+    axes = [prep.ops.to_numpy(a) for a in prep.axes]
+
+    def pick(axis: np.ndarray, quantiles: tuple[float, ...]) -> list[int]:
+        return sorted({int(np.argmin(np.abs(axis - np.quantile(axis, q)))) for q in quantiles})
+
+    chosen = [pick(axes[0], (0.1, 0.5, 0.9)), pick(axes[1], (0.3, 0.9)), pick(axes[2], (0.2, 0.9)),
+              [len(axes[3]) // 2]]
+    mesh = np.stack(np.meshgrid(*chosen, indexing="ij"), axis=-1).reshape(-1, 4)
+    return mesh @ np.array(prep.strides)
+
+
+def _running_mean(ops: Any, x: Any, half: int) -> Any:
+    """Mean over a window of 2 half + 1 along the last axis (shrinking at the ends), by cumulative sums."""
+    xp = ops.xp
+    n = x.shape[-1]
+    zero = ops.zeros((*x.shape[:-1], 1), dtype=x.dtype)
+    csum = xp.cumsum(_cat(ops, [zero, x], -1), -1)
+    hi = ops.asint(np.minimum(np.arange(n) + half + 1, n))
+    lo = ops.asint(np.maximum(np.arange(n) - half, 0))
+    return csum[..., hi] - csum[..., lo]
+
+
+def _cat(ops: Any, arrays: list, axis: int) -> Any:
+    return ops.torch.cat(arrays, dim=axis) if ops.name == "torch" else np.concatenate(arrays, axis=axis)
+
+
+def flatten_templates(prep: Prepared, nodes: np.ndarray) -> Any:
+    """The coarse templates divided by their running mean, minus 1: lines only."""
+    ops, xp = prep.ops, prep.ops.xp
+    flux = xp.exp(prep.table[ops.asint(nodes)])
+    return flux / (_running_mean(ops, flux, TEMPLATE_SMOOTH) / (2 * TEMPLATE_SMOOTH + 1)) - 1
+
+
+def ccf_start(prep: Prepared, flux: Any, weight: Any) -> Any:
+    """(B, 6) starting parameters: v from the cross-correlation peak, theta of the best coarse template."""
+    ops, xp = prep.ops, prep.ops.xp
+    nodes = coarse_nodes(prep)
+    flat_templates = flatten_templates(prep, nodes)  # (K, P)
+    # flatten each arm of each spectrum by its own running mean over usable pixels
+    use = ops.cast(weight > 0)
+    level = ops.zeros(flux.shape)
+    for start, stop in prep.arm_slices:
+        num = _running_mean(ops, (flux * use)[:, start:stop], CCF_SMOOTH)
+        den = _running_mean(ops, use[:, start:stop], CCF_SMOOTH)
+        level[:, start:stop] = num / ops.maximum(den, 1.0)
+    ok = (use > 0) & (level > 0)
+    safe = xp.where(ok, level, ops.asarray(1.0))
+    flat = xp.where(ok, ops.clip(flux / safe - 1, -1.0, 1.0), ops.asarray(0.0))
+    # spread the data onto the template grid (linear weights) at v = 0
+    u0 = ops.cast(prep.u0)
+    j0 = ops.asint(ops.to_numpy(xp.floor(prep.u0)))
+    frac = (u0 - ops.cast(ops.asarray(ops.to_numpy(xp.floor(prep.u0)))))[None, :]
+    n_template = prep.n_template
+    grid = ops.scatter_add(ops.zeros((flux.shape[0], n_template)), j0, flat * (1 - frac))
+    grid = ops.scatter_add(grid, j0 + 1, flat * frac)
+    cover = ops.scatter_add(ops.zeros((flux.shape[0], n_template)), j0, use * (1 - frac))
+    cover = ops.scatter_add(cover, j0 + 1, use * frac)
+    max_lag = int(math.ceil(math.atanh(V_MAX / C_KMS) / prep.dlnw))
+    nfft = 1 << int(math.ceil(math.log2(n_template + max_lag + 1)))
+    spectrum_fft = ops.rfft(grid, nfft)
+    lags = np.arange(-max_lag, max_lag + 1)
+    lag_index = ops.asint(lags % nfft)
+    norms = xp.sqrt(ops.maximum(cover @ xp.swapaxes(flat_templates * flat_templates, 0, 1), 1e-30))  # (B, K)
+    scores = []
+    for k in range(len(nodes)):  # one template at a time keeps the memory at (B, nfft)
+        cc = ops.irfft(spectrum_fft * xp.conj(ops.rfft(flat_templates[k], nfft))[None, :], nfft)
+        scores.append(cc[:, lag_index] / norms[:, k : k + 1])
+    score = xp.stack(scores, 1)  # (B, K, lags)
+    width = len(lags)
+    best = ops.to_numpy(ops.argmax(score.reshape(score.shape[0], -1), 1))
+    k_best, lag_best = best // width, best % width
+    s = ops.to_numpy(score).reshape(score.shape[0], -1)
+    rows = np.arange(len(best))
+    left = s[rows, np.where(lag_best > 0, best - 1, best)]
+    right = s[rows, np.where(lag_best < width - 1, best + 1, best)]
+    centre = s[rows, best]
+    curvature = left - 2 * centre + right
+    offset = np.where(curvature < 0, 0.5 * (left - right) / np.where(curvature < 0, curvature, -1.0), 0.0)
+    lag = lags[lag_best] + np.clip(offset, -0.5, 0.5)
+    v0 = C_KMS * np.tanh(lag * prep.dlnw)
+    theta0 = prep.node_params[nodes[k_best]]
+    start = np.column_stack([np.clip(v0, -V_MAX, V_MAX), np.full(len(v0), START_VSINI), theta0])
+    return ops.asarray(start, dtype=ops.float64(ops.asarray(0.0)).dtype)
+
+
+# -- the batched Levenberg-Marquardt --------------------------------------------------------
+
+
+def lm_batch(prep: Prepared, flux: Any, weight: Any, p0: Any, max_iter: int, tol: float) -> dict[str, Any]:
+    """Fit every spectrum at once. ``tol``: converged when an accepted step lowers chi2 by less than
+    ``tol * chi2``; 0 runs every iteration (what calibration measures). Returns p, chi2, hessian,
+    iterations and converged, per spectrum."""
+    ops, xp = prep.ops, prep.ops.xp
+    b = p0.shape[0]
+    p = p0.clone() if ops.name == "torch" else p0.copy()
+    current = evaluate(prep, p, flux, weight, jac=True)
+    chi2, hessian, gradient = current.chi2, current.hessian, current.gradient
+    damping = ops.asarray(np.full(b, 1e-2), dtype=chi2.dtype)
+    done = np.zeros(b, dtype=bool)
+    iterations = np.zeros(b, dtype=np.int64)
+    floor = ops.asarray(1.0 / (10.0 * np.array([100.0, 100.0, 1000.0, 1.0, 1.0, 1.0])) ** 2, dtype=chi2.dtype)
+    eye = ops.eye(N_PARAMS)[None]
+    for _ in range(max_iter):
+        active = np.flatnonzero(~done)
+        if active.size == 0:
+            break
+        a = ops.asint(active)
+        h = hessian[a]
+        diag = xp.diagonal(h, 0, 1, 2)
+        lam = damping[a]
+        step = ops.solve(h + eye * (lam[:, None] * ops.maximum(diag, floor[None, :]))[:, None, :], gradient[a])
+        trial_p = ops.clip(p[a] + step, prep.lower[None, :], prep.upper[None, :])
+        trial = evaluate(prep, trial_p, flux[a], weight[a], jac=True)
+        gain = chi2[a] - trial.chi2
+        better = gain > 0
+        p[a] = xp.where(better[:, None], trial_p, p[a])
+        chi2[a] = xp.where(better, trial.chi2, chi2[a])
+        hessian[a] = xp.where(better[:, None, None], trial.hessian, h)
+        gradient[a] = xp.where(better[:, None], trial.gradient, gradient[a])
+        damping[a] = xp.where(better, lam * 0.3, lam * 5.0)
+        iterations[active] += 1
+        small = ops.to_numpy(better & (gain <= tol * chi2[a])) if tol > 0 else np.zeros(active.size, dtype=bool)
+        stuck = ops.to_numpy(damping[a] > 1e8)
+        done[active] = small | stuck
+    return {"p": p, "chi2": chi2, "hessian": hessian, "iterations": iterations, "converged": done}
+
+
+# -- the scipy reference -----------------------------------------------------------------
+
+
+def reference_fit(prep: Prepared, flux: np.ndarray, weight: np.ndarray, p0: np.ndarray, max_iter: int,
+                  tol: float) -> dict[str, Any]:
+    """``scipy.optimize.least_squares`` (trust-region reflective, bounded), one spectrum at a time."""
+    from scipy.optimize import least_squares
+
+    lower, upper = np.asarray(prep.lower), np.asarray(prep.upper)
+    out_p = np.array(p0, dtype=np.float64, copy=True)
+    iterations = np.zeros(len(p0), dtype=np.int64)
+    converged = np.zeros(len(p0), dtype=bool)
+    for i in range(len(p0)):
+        d, w = flux[i : i + 1], weight[i : i + 1]
+        root_w = np.sqrt(w[0])
+        cache: dict[bytes, Any] = {}
+
+        def run(x: np.ndarray, d=d, w=w, cache=cache):
+            key = x.tobytes()
+            if key not in cache:
+                cache.clear()
+                cache[key] = evaluate(prep, x[None, :], d, w, jac=True, keep_jacobian=True)
+            return cache[key]
+
+        def residual(x, root_w=root_w, d=d):
+            return root_w * (d[0] - run(x).model[0])
+
+        def jacobian(x, root_w=root_w):
+            return -(run(x).jproj[0] * root_w[None, :]).T
+
+        x0 = np.clip(p0[i], lower + 1e-9 * (upper - lower), upper - 1e-9 * (upper - lower))
+        result = least_squares(residual, x0, jac=jacobian, bounds=(lower, upper), method="trf", x_scale="jac",
+                               ftol=max(tol, 1e-12), xtol=1e-10, gtol=1e-10, max_nfev=max_iter)
+        out_p[i] = result.x
+        iterations[i] = result.nfev
+        converged[i] = result.status > 0
+    final = evaluate(prep, out_p, flux, weight, jac=True)
+    return {"p": out_p, "chi2": final.chi2, "hessian": final.hessian, "iterations": iterations,
+            "converged": converged}
+
+
+# -- errors, flags and the output columns -------------------------------------------------------
+
+
+def usable(prep: Prepared, flux: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(fit this spectrum?, flags) from the data alone: no data, zero signal, a missing arm."""
+    pixels = (weight > 0).sum(axis=1)
+    signal = (weight * flux * flux).sum(axis=1)
+    flags = np.zeros(len(flux), dtype=np.int32)
+    flags[(pixels < MIN_PIXELS) | ~(signal > 0)] |= NO_DATA
+    for start, stop in prep.arm_slices:
+        flags[(weight[:, start:stop] > 0).sum(axis=1) == 0] |= MISSING_ARM
+    return (flags & NO_DATA) == 0, flags
+
+
+def finish(prep: Prepared, result: dict[str, Any], weight: np.ndarray, flags: np.ndarray,
+           fitted: np.ndarray, ncoef_used: np.ndarray) -> dict[str, np.ndarray]:
+    """The output columns for every spectrum (NaN where not fitted), with errors and flags."""
+    ops = prep.ops
+    n = len(flags)
+    values = np.full((n, N_PARAMS), np.nan)
+    errors = np.full((n, N_PARAMS), np.nan)
+    chi2 = np.full(n, np.nan)
+    iterations = np.zeros(n, dtype=np.int64)
+    flags = flags.copy()
+    rows = np.flatnonzero(fitted)
+    if rows.size:
+        p = ops.to_numpy(result["p"])
+        cov = ops.to_numpy(covariance(prep, result["hessian"]))
+        values[rows] = p
+        errors[rows] = np.sqrt(np.clip(np.diagonal(cov, 0, 1, 2), 0, None))
+        chi2[rows] = ops.to_numpy(result["chi2"])
+        iterations[rows] = result["iterations"]
+        lower, upper = ops.to_numpy(prep.lower), ops.to_numpy(prep.upper)
+        span = upper - lower
+        bound = (np.abs(p - lower) < 1e-6 * span) | (np.abs(p - upper) < 1e-6 * span)
+        bound[:, 1] = np.abs(p[:, 1] - upper[1]) < 1e-6 * span[1]  # vsini = 0 is a value, not a failure
+        flags[rows[bound.any(axis=1)]] |= AT_BOUND
+        flags[rows[~np.asarray(result["converged"], dtype=bool)]] |= NOT_CONVERGED
+        sigma_v = errors[rows, 0]
+        flags[rows[~np.isfinite(sigma_v) | (sigma_v > 100.0)]] |= UNCONSTRAINED
+    dof = (weight > 0).sum(axis=1) - N_PARAMS - ncoef_used
+    out = {name.upper(): values[:, i] for i, name in enumerate(PARAM_NAMES)}
+    out.update({f"{name.upper()}_ERR": errors[:, i] for i, name in enumerate(PARAM_NAMES)})
+    out["VRAD"], out["VRAD_ERR"] = out.pop("V"), out.pop("V_ERR")
+    out.update(CHISQ=chi2, RCHISQ=chi2 / np.maximum(dof, 1), NPIX=(weight > 0).sum(axis=1), ITERATIONS=iterations,
+               FLAGS=flags, SUCCESS=(flags & FAILURE) == 0)
+    return out
+
+
+def log_doppler_np(v: np.ndarray) -> np.ndarray:
+    return log_doppler(np.asarray(v, dtype=np.float64), np)

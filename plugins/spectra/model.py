@@ -1,0 +1,331 @@
+"""The spectrum model, written once for every array library (see :mod:`plugins.spectra.ops`).
+
+For parameters ``p = (v, vsini, teff, logg, feh, alpha)`` the model of one
+spectrum at its observed pixels is
+
+    model = continuum(lambda) * S(lambda / D(v); vsini, theta)
+
+- ``theta = (teff, logg, feh, alpha)``: ln F multilinearly interpolated
+  between the 16 grid nodes around theta, then exponentiated;
+- ``vsini``: a limb-darkened rotational kernel (epsilon = 0.6), integrated
+  over each template pixel so that it is continuous in vsini and tends to a
+  delta function as vsini -> 0;
+- ``v``: the relativistic Doppler factor ``D = sqrt((1 + beta) / (1 - beta))``,
+  a shift of ``ln D`` on the log-wavelength grid, read by linear interpolation;
+- the continuum: Legendre polynomials of a chosen degree per arm, solved by
+  weighted linear least squares inside every evaluation.
+
+:func:`evaluate` returns chi-square and, on request, the Gauss-Newton
+normal equations of the non-linear parameters with the continuum profiled
+out (variable projection: the Jacobian projected off the continuum's
+columns). At the optimum that matrix is the Fisher matrix of ``p`` with the
+continuum marginalised, so its inverse gives the errors, and at the truth
+of a noise-free spectrum it gives the Cramer-Rao bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from core.errors import ProblemError
+from plugins.spectra.templates import ARMS, C_KMS, PIXEL, V_MAX, VSINI_MAX, TemplateLibrary
+
+N_PARAMS = 6
+PARAM_NAMES = ("v", "vsini", "teff", "logg", "feh", "alpha")
+EPSILON = 0.6  # limb darkening of the rotational kernel
+# curvature floor per parameter (1 / a prior width squared): keeps a degenerate direction (vsini well
+# below the resolution, a spectrum of pure noise) from making a normal matrix singular
+PRIOR_WIDTH = np.array([1e4, 1e4, 1e6, 1e3, 1e3, 1e3])
+
+
+@dataclass(frozen=True)
+class Spectra:
+    """A batch of spectra on shared pixels: the arms concatenated in order (DESI coadds share wavelengths)."""
+
+    wave: np.ndarray  # (N,) Angstrom
+    arm: np.ndarray  # (N,) arm number of each pixel, non-decreasing
+    flux: np.ndarray = field(repr=False)  # (B, N)
+    ivar: np.ndarray = field(repr=False)  # (B, N); 0 where masked
+    targetid: np.ndarray = field(repr=False)  # (B,) int64
+    arm_names: tuple[str, ...] = ("B", "R", "Z")
+    truth: np.ndarray | None = field(default=None, repr=False)  # (B, 6) for synthetic spectra
+
+    def __len__(self) -> int:
+        return int(self.flux.shape[0])
+
+    @property
+    def n_pixels(self) -> int:
+        return int(self.wave.shape[0])
+
+    def rows(self, start: int, stop: int) -> Spectra:
+        truth = None if self.truth is None else self.truth[start:stop]
+        return replace(self, flux=self.flux[start:stop], ivar=self.ivar[start:stop],
+                       targetid=self.targetid[start:stop], truth=truth)
+
+    def clean(self) -> tuple[np.ndarray, np.ndarray]:
+        """(flux, weight) with every unusable pixel (NaN or infinite flux, ivar <= 0 or not finite) weighted 0."""
+        flux = np.asarray(self.flux, dtype=np.float64)
+        ivar = np.asarray(self.ivar, dtype=np.float64)
+        good = np.isfinite(flux) & np.isfinite(ivar) & (ivar > 0)
+        return np.where(good, flux, 0.0), np.where(good, ivar, 0.0)
+
+
+def arm_wavelengths(n_pixels: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """DESI-like pixel centres of the three arms (0.8 A), each trimmed about its centre to ``n_pixels`` in all."""
+    waves = [np.arange(lo, hi + PIXEL / 2, PIXEL) for _, lo, hi, _ in ARMS]
+    total = sum(len(w) for w in waves)
+    if n_pixels is not None and n_pixels < total:
+        kept = []
+        for w in waves:
+            keep = max(8, int(round(len(w) * n_pixels / total)))
+            start = (len(w) - keep) // 2
+            kept.append(w[start : start + keep])
+        waves = kept
+    arm = np.concatenate([np.full(len(w), i) for i, w in enumerate(waves)])
+    return np.concatenate(waves), arm
+
+
+def legendre_basis(wave: np.ndarray, arm: np.ndarray, degree: int) -> np.ndarray:
+    """(N, arms * (degree + 1)): Legendre polynomials on each arm's span, zero on the other arms."""
+    arms = int(arm.max()) + 1
+    basis = np.zeros((len(wave), arms * (degree + 1)))
+    for a in range(arms):
+        sel = arm == a
+        lo, hi = wave[sel].min(), wave[sel].max()
+        x = 2 * (wave[sel] - lo) / max(hi - lo, 1e-9) - 1
+        basis[sel, a * (degree + 1) : (a + 1) * (degree + 1)] = np.polynomial.legendre.legvander(x, degree)
+    return basis
+
+
+@dataclass
+class Prepared:
+    """Everything a batch's evaluations share, on the ops' device: the cropped templates and the pixel maps."""
+
+    ops: Any
+    table: Any  # (nodes, P) ln F, cropped to the pixels the data can reach
+    axes: list  # four float64 arrays of node values
+    strides: tuple[int, ...]
+    node_params: np.ndarray  # (nodes, 4) host copy
+    ln_wave0: float
+    dlnw: float
+    u0: Any  # (N,) template position of every data pixel at v = 0
+    basis: Any  # (N, ncoef)
+    lower: Any  # (6,) float64 bounds of p
+    upper: Any
+    arm_slices: list[tuple[int, int]]
+    degree: int
+
+    @property
+    def n_template(self) -> int:
+        return int(self.table.shape[1])
+
+    @property
+    def step_kms(self) -> float:
+        return C_KMS * self.dlnw
+
+
+def prepare(ops: Any, library: TemplateLibrary, wave: np.ndarray, arm: np.ndarray, degree: int,
+            table: Any = None) -> Prepared:
+    """Crop the templates to the data's reach (+-V_MAX shifts and the widest kernel) and move them to the device.
+
+    ``table`` passes a library already on the device (the torch backend keeps it there between calls).
+    """
+    lnw = np.log(wave)
+    u_all = (lnw - library.ln_wave0) / library.dlnw
+    margin = (V_MAX + VSINI_MAX) / C_KMS / library.dlnw + 4
+    first = max(0, int(np.floor(u_all.min() - margin)))
+    last = min(library.n_pixels, int(np.ceil(u_all.max() + margin)) + 1)
+    if u_all.min() - margin < 0 or u_all.max() + margin > library.n_pixels:
+        raise ProblemError(f"wave spans {wave.min():.1f}..{wave.max():.1f} A: must lie within the templates' "
+                           f"{library.wave[0]:.1f}..{library.wave[-1]:.1f} A less the +-{V_MAX:.0f} km/s margin")
+    if table is None:
+        table = ops.asarray(library.logflux[:, first:last])
+    else:
+        table = table[:, first:last]
+    ln_wave0 = library.ln_wave0 + first * library.dlnw
+    strides = tuple(int(s) for s in np.cumprod(((*library.shape[1:], 1))[::-1])[::-1])
+    mesh = np.stack(np.meshgrid(*library.axes, indexing="ij"), axis=-1).reshape(-1, 4)
+    bounds_lo = np.array([-V_MAX, 0.0, *library.lower])
+    bounds_hi = np.array([V_MAX, VSINI_MAX, *library.upper])
+    edges = np.flatnonzero(np.diff(arm)) + 1
+    starts = [0, *edges.tolist()]
+    stops = [*edges.tolist(), len(arm)]
+    return Prepared(ops=ops, table=table, axes=[ops.asarray(a, dtype=_f64(ops)) for a in library.axes],
+                    strides=strides, node_params=mesh, ln_wave0=ln_wave0, dlnw=library.dlnw,
+                    u0=ops.asarray((lnw - ln_wave0) / library.dlnw, dtype=_f64(ops)),
+                    basis=ops.asarray(legendre_basis(wave, arm, degree)), lower=ops.asarray(bounds_lo, _f64(ops)),
+                    upper=ops.asarray(bounds_hi, _f64(ops)), arm_slices=list(zip(starts, stops)), degree=degree)
+
+
+def _f64(ops: Any) -> Any:
+    return ops.torch.float64 if ops.name == "torch" else np.float64
+
+
+def _cat(ops: Any, arrays: list, axis: int) -> Any:
+    return ops.torch.cat(arrays, dim=axis) if ops.name == "torch" else np.concatenate(arrays, axis=axis)
+
+
+def _int(ops: Any, x: Any) -> Any:
+    return x.long() if ops.name == "torch" else x.astype(np.int64)
+
+
+# -- the pieces of the model -------------------------------------------------------------------
+
+
+def corners(prep: Prepared, theta: Any, derivatives: bool) -> tuple[Any, Any, Any]:
+    """Flat node indices (B, 16), multilinear weights (B, 16) and their derivatives (B, 16, 4)."""
+    ops, xp = prep.ops, prep.ops.xp
+    lows, fracs, invs = [], [], []
+    for k, axis in enumerate(prep.axes):
+        n = axis.shape[0]
+        t = ops.clip(theta[:, k], float(axis[0]), float(axis[-1]))
+        i = ops.clip(xp.searchsorted(axis, t) - 1, 0, n - 2)
+        lo, hi = axis[i], axis[i + 1]
+        lows.append(i)
+        fracs.append((t - lo) / (hi - lo))
+        invs.append(1.0 / (hi - lo))
+    idx, w, dw = [], [], []
+    for c in range(16):
+        bits = [(c >> (3 - k)) & 1 for k in range(4)]
+        idx.append(sum((lows[k] + bits[k]) * prep.strides[k] for k in range(4)))
+        factors = [fracs[k] if bits[k] else 1.0 - fracs[k] for k in range(4)]
+        w.append(factors[0] * factors[1] * factors[2] * factors[3])
+        if derivatives:
+            slopes = [invs[k] if bits[k] else -invs[k] for k in range(4)]
+            dw.append(xp.stack([slopes[k] * math.prod(factors[j] for j in range(4) if j != k)
+                                for k in range(4)], 1))
+    weights = ops.cast(xp.stack(w, 1))
+    return xp.stack(idx, 1), weights, (ops.cast(xp.stack(dw, 1)) if derivatives else None)
+
+
+def _rotation_cdf(xp: Any, u: Any) -> Any:
+    """The integral of the limb-darkened rotational profile from -1 to u (0 at u <= -1, 1 at u >= 1)."""
+    c1, c2 = 2 * (1 - EPSILON), math.pi * EPSILON / 2
+    root = xp.sqrt(1 - u * u)
+    return (c1 * (u * root + xp.arcsin(u) + math.pi / 2) / 2 + c2 * (u - u**3 / 3 + 2 / 3)) / (math.pi * (1 - EPSILON / 3))
+
+
+def kernel_half_width(vsini_max: float, step_kms: float) -> int:
+    return int(math.ceil((vsini_max + 1.0) / step_kms + 0.5))
+
+
+def rotation_kernel(prep: Prepared, vsini: Any, half: int) -> Any:
+    """(B, 2 half + 1) weights: the rotational profile integrated over each template pixel."""
+    ops, xp = prep.ops, prep.ops.xp
+    m = ops.asarray(np.arange(-half, half + 1), dtype=_f64(ops))
+    step = prep.step_kms
+    vs = ops.maximum(vsini, 1e-6)[:, None]
+    hi = ops.clip((m + 0.5)[None, :] * step / vs, -1.0, 1.0)
+    lo = ops.clip((m - 0.5)[None, :] * step / vs, -1.0, 1.0)
+    return _rotation_cdf(xp, hi) - _rotation_cdf(xp, lo)
+
+
+def rotation_kernel_derivative(prep: Prepared, vsini: Any, half: int, h: float = 0.5) -> Any:
+    """d kernel / d vsini by a central difference (one-sided at vsini < h): the kernel is tiny, this is cheap."""
+    up = vsini + h
+    down = prep.ops.maximum(vsini - h, 0.0)
+    return (rotation_kernel(prep, up, half) - rotation_kernel(prep, down, half)) / (up - down)[:, None]
+
+
+def log_doppler(v: Any, xp: Any) -> Any:
+    """ln D for velocity v (km/s): ln sqrt((1 + beta) / (1 - beta)) = artanh(beta)."""
+    beta = v / C_KMS
+    return 0.5 * (xp.log1p(beta) - xp.log1p(-beta))
+
+
+def shifted_templates(prep: Prepared, p: Any, jac: bool) -> Any:
+    """The continuum-free model at the data pixels, (B, 1, N); with ``jac`` (B, 7, N): the model and d/dp."""
+    ops, xp = prep.ops, prep.ops.xp
+    idx, w, dw = corners(prep, p[:, 2:6], jac)
+    logf = ops.interpolate(prep.table, idx, w, dw)  # (B, 1 or 5, P)
+    flux = xp.exp(logf[:, :1])
+    channels = _cat(ops, [flux, flux * logf[:, 1:]], 1) if jac else flux
+    half = kernel_half_width(float(xp.max(p[:, 1])), prep.step_kms)
+    kernel = rotation_kernel(prep, p[:, 1], half)
+    broadened = ops.convolve(channels, ops.cast(kernel))
+    if jac:
+        dk = rotation_kernel_derivative(prep, p[:, 1], half)
+        # channels: S, 4 x dS/dtheta, dS/dvsini
+        broadened = _cat(ops, [broadened, ops.convolve(flux, ops.cast(dk))], 1)
+    beta = p[:, 0] / C_KMS
+    u = prep.u0[None, :] - (log_doppler(p[:, 0], xp) / prep.dlnw)[:, None]
+    u = ops.clip(u, 0.0, float(prep.n_template - 1) - 1e-6)
+    j0 = _int(ops, xp.floor(u))
+    frac = ops.cast(u - j0)[:, None, :]
+    left, right = ops.gather_pairs(broadened, j0)
+    values = left + frac * (right - left)
+    if not jac:
+        return values
+    du_dv = ops.cast(-1.0 / (C_KMS * (1 - beta * beta) * prep.dlnw))
+    dv = (right[:, :1] - left[:, :1]) * du_dv[:, None, None]
+    # reorder to p's order: value, v, vsini, teff, logg, feh, alpha
+    return _cat(ops, [values[:, :1], dv, values[:, 5:6], values[:, 1:5]], 1)
+
+
+@dataclass
+class Evaluation:
+    chi2: Any  # (B,) float64
+    coeffs: Any  # (B, ncoef) continuum coefficients
+    model: Any  # (B, N)
+    hessian: Any = None  # (B, 6, 6) float64: J^T W J of the projected Jacobian
+    gradient: Any = None  # (B, 6) float64: J^T W r
+    jproj: Any = None  # (B, 6, N) projected Jacobian, when asked for
+
+
+def evaluate(prep: Prepared, p: Any, flux: Any, weight: Any, jac: bool = False,
+             keep_jacobian: bool = False) -> Evaluation:
+    """chi-square of ``p`` (B, 6) with the continuum solved linearly; with ``jac`` the normal equations too."""
+    ops, xp = prep.ops, prep.ops.xp
+    shifted = shifted_templates(prep, p, jac)
+    template = shifted[:, 0]
+    design = prep.basis[None, :, :] * template[:, :, None]  # (B, N, ncoef)
+    weighted = design * weight[:, :, None]
+    gram = ops.float64(xp.swapaxes(weighted, 1, 2) @ design)
+    ncoef = gram.shape[-1]
+    eye = ops.eye(ncoef)
+    diagonal = xp.diagonal(gram, 0, 1, 2)
+    # an arm without a single usable pixel has zero columns: pin its coefficients to 0
+    empty = ops.float64(diagonal <= 0)
+    scale = xp.sum(diagonal, 1) / ncoef + 1e-300
+    gram = gram + eye[None] * (empty[:, None, :] + 1e-12 * scale[:, None, None])
+    rhs = ops.float64(xp.swapaxes(weighted, 1, 2) @ flux[:, :, None])[..., 0]
+    coeffs = ops.solve(gram, rhs)
+    continuum = (prep.basis[None, :, :] @ ops.cast(coeffs)[:, :, None])[..., 0]
+    model = continuum * template
+    resid = flux - model
+    chi2 = xp.sum(ops.float64(weight * resid * resid), 1)
+    out = Evaluation(chi2=chi2, coeffs=coeffs, model=model)
+    if not jac:
+        return out
+    jp = continuum[:, None, :] * shifted[:, 1:]  # (B, 6, N)
+    cross = ops.float64(xp.swapaxes(weighted, 1, 2) @ xp.swapaxes(jp, 1, 2))  # (B, ncoef, 6)
+    projection = ops.cast(ops.solve(gram, cross))
+    jproj = jp - xp.swapaxes(design @ projection, 1, 2)
+    wj = jproj * weight[:, None, :]
+    out.hessian = ops.float64(wj @ xp.swapaxes(jproj, 1, 2))
+    out.gradient = ops.float64(wj @ resid[:, :, None])[..., 0]
+    if keep_jacobian:
+        out.jproj = jproj
+    return out
+
+
+def covariance(prep: Prepared, hessian: Any) -> Any:
+    """The inverse of the (projected) Fisher matrix, with the prior-width floor on degenerate directions."""
+    ops = prep.ops
+    floor = ops.asarray(1.0 / PRIOR_WIDTH**2, dtype=_f64(ops))
+    return ops.inv(hessian + ops.eye(N_PARAMS)[None] * floor[None, None, :])
+
+
+def interpolate_logflux(library: TemplateLibrary, params: np.ndarray) -> np.ndarray:
+    """ln F at (n, 4) grid parameters by multilinear interpolation, on the full template grid (NumPy)."""
+    from plugins.spectra.ops import NumpyOps
+
+    wave = library.wave[[200, -200]]
+    prep = prepare(NumpyOps(), library, wave, np.zeros(2, dtype=int), 0)
+    prep.table = library.logflux
+    idx, w, _ = corners(prep, np.asarray(params, dtype=np.float64), False)
+    return NumpyOps().interpolate(library.logflux, idx, w, None)[:, 0]

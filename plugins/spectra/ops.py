@@ -1,0 +1,225 @@
+"""The few array operations the spectrum model needs, once per array library.
+
+The model (:mod:`plugins.spectra.model`) and the batched fit
+(:mod:`plugins.spectra.fit`) are written once against this small interface;
+NumPy, Numba and PyTorch each supply it. Everything elementwise comes from
+``ops.xp`` (``numpy`` or ``torch``: both spell ``exp``, ``where``,
+``einsum`` and ``floor`` alike); what the two spell differently, and the
+three hot loops (template interpolation, the rotational convolution, the
+resampling gather), are methods here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class NumpyOps:
+    """Plain NumPy, float64: the reference arithmetic."""
+
+    name = "numpy"
+    xp = np
+
+    def __init__(self, dtype: Any = np.float64):
+        self.dtype = dtype
+
+    # -- creation and conversion --
+    def asarray(self, x: Any, dtype: Any = None) -> np.ndarray:
+        return np.asarray(x, dtype=self.dtype if dtype is None else dtype)
+
+    def asint(self, x: Any) -> np.ndarray:
+        return np.asarray(x, dtype=np.int64)
+
+    def zeros(self, shape: tuple[int, ...], dtype: Any = None) -> np.ndarray:
+        return np.zeros(shape, dtype=self.dtype if dtype is None else dtype)
+
+    def arange(self, n: int) -> np.ndarray:
+        return np.arange(n)
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        return np.asarray(x)
+
+    def float64(self, x: np.ndarray) -> np.ndarray:
+        return x.astype(np.float64, copy=False)
+
+    def cast(self, x: np.ndarray) -> np.ndarray:
+        return x.astype(self.dtype, copy=False)
+
+    # -- spelled differently in torch --
+    def clip(self, x, lo, hi):
+        return np.clip(x, lo, hi)
+
+    def take_along(self, x: np.ndarray, idx: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.take_along_axis(x, idx, axis=axis)
+
+    def solve(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Batched a x = b for b of shape (..., n) or (..., n, k)."""
+        if b.ndim == a.ndim - 1:
+            return np.linalg.solve(a, b[..., None])[..., 0]
+        return np.linalg.solve(a, b)
+
+    def inv(self, a: np.ndarray) -> np.ndarray:
+        return np.linalg.inv(a)
+
+    def eye(self, n: int) -> np.ndarray:
+        return np.eye(n)
+
+    def rfft(self, x: np.ndarray, n: int) -> np.ndarray:
+        return np.fft.rfft(x, n=n, axis=-1)
+
+    def irfft(self, x: np.ndarray, n: int) -> np.ndarray:
+        return np.fft.irfft(x, n=n, axis=-1)
+
+    def scatter_add(self, out: np.ndarray, index: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """``out[:, index[i]] += values[:, i]``, duplicates summed (arms overlap)."""
+        np.add.at(out, (slice(None), index), values)
+        return out
+
+    def argmax(self, x: np.ndarray, axis: int) -> np.ndarray:
+        return np.argmax(x, axis=axis)
+
+    def maximum(self, a, b):
+        return np.maximum(a, b)
+
+    # -- the hot loops --
+    def interpolate(self, table: np.ndarray, idx: np.ndarray, w: np.ndarray, dw: np.ndarray | None) -> np.ndarray:
+        """sum_c w[b, c] table[idx[b, c]] -> (B, 1, P); with ``dw`` also its 4 derivatives -> (B, 5, P)."""
+        channels = 1 if dw is None else 1 + dw.shape[2]
+        out = np.zeros((idx.shape[0], channels, table.shape[1]), dtype=self.dtype)
+        for c in range(idx.shape[1]):
+            rows = table[idx[:, c]]
+            out[:, 0] += w[:, c, None] * rows
+            if dw is not None:
+                out[:, 1:] += dw[:, c, :, None] * rows[:, None, :]
+        return out
+
+    def convolve(self, x: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+        """Same-size convolution of x (B, C, P) with each row's symmetric kernel (B, K), zero beyond the ends."""
+        half = kernel.shape[1] // 2
+        if half == 0:
+            return x * kernel[:, :1, None]
+        padded = np.concatenate([np.zeros((*x.shape[:2], half), x.dtype), x,
+                                 np.zeros((*x.shape[:2], half), x.dtype)], axis=2)
+        out = np.zeros_like(x)
+        n = x.shape[2]
+        for m in range(kernel.shape[1]):
+            out += kernel[:, m, None, None] * padded[:, :, m : m + n]
+        return out
+
+    def gather_pairs(self, x: np.ndarray, j0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """x (B, C, P) at pixels j0 and j0 + 1 (B, N) -> two (B, C, N) arrays."""
+        index = np.broadcast_to(j0[:, None, :], (x.shape[0], x.shape[1], j0.shape[1]))
+        return np.take_along_axis(x, index, axis=2), np.take_along_axis(x, index + 1, axis=2)
+
+
+class TorchOps(NumpyOps):
+    """PyTorch on ``device`` (a GPU for the registered backend, the CPU in development), float32 by default."""
+
+    name = "torch"
+
+    def __init__(self, device: Any = "cpu", dtype: Any = None):
+        import torch
+
+        self.torch = torch
+        self.xp = torch
+        self.device = torch.device(device)
+        self.dtype = torch.float32 if dtype is None else dtype
+
+    def asarray(self, x: Any, dtype: Any = None):
+        torch = self.torch
+        dtype = self.dtype if dtype is None else dtype
+        if isinstance(x, torch.Tensor):
+            return x.to(device=self.device, dtype=dtype)
+        return torch.as_tensor(np.asarray(x), device=self.device, dtype=dtype)
+
+    def asint(self, x: Any):
+        return self.asarray(x, dtype=self.torch.int64)
+
+    def zeros(self, shape, dtype=None):
+        return self.torch.zeros(shape, dtype=self.dtype if dtype is None else dtype, device=self.device)
+
+    def arange(self, n: int):
+        return self.torch.arange(n, device=self.device)
+
+    def to_numpy(self, x):
+        if isinstance(x, self.torch.Tensor):
+            return x.detach().cpu().numpy()
+        return np.asarray(x)
+
+    def float64(self, x):
+        return x.to(self.torch.float64)
+
+    def cast(self, x):
+        return x.to(self.dtype)
+
+    def clip(self, x, lo, hi):
+        return self.torch.clamp(x, lo, hi)
+
+    def take_along(self, x, idx, axis=-1):
+        return self.torch.take_along_dim(x, idx, dim=axis)
+
+    def solve(self, a, b):
+        if b.ndim == a.ndim - 1:
+            return self.torch.linalg.solve(a, b[..., None])[..., 0]
+        return self.torch.linalg.solve(a, b)
+
+    def inv(self, a):
+        return self.torch.linalg.inv(a)
+
+    def eye(self, n: int):
+        return self.torch.eye(n, dtype=self.torch.float64, device=self.device)
+
+    def rfft(self, x, n: int):
+        return self.torch.fft.rfft(x, n=n, dim=-1)
+
+    def irfft(self, x, n: int):
+        return self.torch.fft.irfft(x, n=n, dim=-1)
+
+    def scatter_add(self, out, index, values):
+        return out.index_add_(1, index, values)
+
+    def argmax(self, x, axis: int):
+        return self.torch.argmax(x, dim=axis)
+
+    def maximum(self, a, b):
+        torch = self.torch
+        if not isinstance(b, torch.Tensor):
+            b = torch.as_tensor(b, dtype=a.dtype, device=a.device)
+        return torch.maximum(a, b)
+
+    def interpolate(self, table, idx, w, dw):
+        # one gather per corner keeps the memory at (B, 5, P), not (B, 16, P)
+        rows = table[idx[:, 0]]
+        out0 = w[:, 0, None] * rows
+        out1 = dw[:, 0, :, None] * rows[:, None, :] if dw is not None else None
+        for c in range(1, idx.shape[1]):
+            rows = table[idx[:, c]]
+            out0.addcmul_(w[:, c, None], rows)
+            if dw is not None:
+                out1.addcmul_(dw[:, c, :, None], rows[:, None, :])
+        return out0[:, None, :] if dw is None else self.torch.cat([out0[:, None, :], out1], dim=1)
+
+    def convolve(self, x, kernel):
+        # a grouped conv1d: every (spectrum, channel) row with its spectrum's kernel (cuDNN on a GPU)
+        import torch.nn.functional as F
+
+        b, c, n = x.shape
+        half = kernel.shape[1] // 2
+        if half == 0:
+            return x * kernel[:, :1, None]
+        weight = kernel[:, None, None, :].expand(b, c, 1, kernel.shape[1]).reshape(b * c, 1, -1)
+        out = F.conv1d(x.reshape(1, b * c, n), weight, padding=half, groups=b * c)
+        return out.reshape(b, c, n)
+
+    def gather_pairs(self, x, j0):
+        index = j0[:, None, :].expand(x.shape[0], x.shape[1], j0.shape[1])
+        return self.torch.gather(x, 2, index), self.torch.gather(x, 2, index + 1)
+
+
+def numba_ops() -> NumpyOps:
+    """NumPy arithmetic with the three hot loops compiled by Numba, parallel over spectra."""
+    from plugins.spectra import numba_kernels
+
+    return numba_kernels.NumbaOps()

@@ -1,0 +1,102 @@
+"""The spectra.fit problem: a batch of spectra, the template grid, the continuum degree and the iteration limit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from core.errors import ProblemError
+from core.validation import check_float, check_int, check_seed
+from plugins.spectra.model import Spectra, arm_wavelengths
+from plugins.spectra.templates import GRIDS, TemplateLibrary, load, named_library
+
+FULL_PIXELS = len(arm_wavelengths()[0])  # 7,958: three DESI-like arms at 0.8 A
+
+
+@dataclass(frozen=True)
+class SpectraProblem:
+    """Fit ``n_spectra`` spectra: v, vsini, teff, logg, [Fe/H], [alpha/Fe] each, with errors.
+
+    ``spectra`` holds the data (see :class:`plugins.spectra.model.Spectra`);
+    without it, ``n_spectra`` synthetic in-model spectra of ``n_pixels``
+    pixels at signal-to-noise ``snr`` are generated from ``seed`` (what
+    calibration and the demo fit). ``grid`` names a template grid
+    (``small``, ``medium``, ``realistic``) or is the path of a library file.
+    ``tol``: a spectrum has converged when a step lowers chi-square by less
+    than ``tol`` times chi-square; 0 runs all ``max_iter`` iterations.
+    """
+
+    n_spectra: int = 64
+    n_pixels: int = FULL_PIXELS
+    grid: str = "small"
+    max_iter: int = 30
+    tol: float = 1e-7
+    degree: int = 3
+    snr: float = 20.0
+    seed: int | None = 0
+    spectra: Spectra | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "max_iter", check_int("max_iter", self.max_iter, minimum=1, maximum=10_000))
+        object.__setattr__(self, "tol", check_float("tol", self.tol, minimum=0, maximum=1))
+        object.__setattr__(self, "degree", check_int("degree", self.degree, minimum=0, maximum=20))
+        object.__setattr__(self, "snr", check_float("snr", self.snr, minimum=0, strict_minimum=True))
+        object.__setattr__(self, "seed", check_seed("seed", self.seed))
+        if not isinstance(self.grid, str) or not (self.grid in GRIDS or self.grid.endswith(".npz")):
+            raise ProblemError(f"grid={self.grid!r} is invalid: must be one of {', '.join(GRIDS)} or the path of "
+                               "a template library (.npz)")
+        if self.spectra is not None:
+            if not isinstance(self.spectra, Spectra):
+                raise ProblemError(f"spectra={type(self.spectra).__name__} is invalid: must be a "
+                                   "plugins.spectra.model.Spectra")
+            _check_spectra(self.spectra)
+            object.__setattr__(self, "n_spectra", len(self.spectra))
+            object.__setattr__(self, "n_pixels", self.spectra.n_pixels)
+            return
+        object.__setattr__(self, "n_spectra", check_int("n_spectra", self.n_spectra, minimum=1, maximum=10**7))
+        object.__setattr__(self, "n_pixels", check_int("n_pixels", self.n_pixels, minimum=100, maximum=FULL_PIXELS))
+        from plugins.spectra.synth import synthetic_spectra
+
+        object.__setattr__(self, "spectra", synthetic_spectra(self.library(), self.n_spectra, snr=self.snr,
+                                                              n_pixels=self.n_pixels, degree=self.degree,
+                                                              seed=self.seed or 0))
+
+    def library(self) -> TemplateLibrary:
+        if self.grid in GRIDS:
+            return named_library(self.grid)
+        if not Path(self.grid).exists():
+            raise ProblemError(f"grid={self.grid!r} is invalid: no such template library file")
+        return _load_cached(self.grid)
+
+    @property
+    def nodes(self) -> int:
+        return GRIDS[self.grid].nodes if self.grid in GRIDS else self.library().nodes
+
+
+_LOADED: dict[str, TemplateLibrary] = {}
+
+
+def _load_cached(path: str) -> TemplateLibrary:
+    if path not in _LOADED:
+        _LOADED[path] = load(path)
+    return _LOADED[path]
+
+
+def _check_spectra(spectra: Spectra) -> None:
+    wave, arm = np.asarray(spectra.wave), np.asarray(spectra.arm)
+    n = wave.shape[0] if wave.ndim == 1 else -1
+    if wave.ndim != 1 or n < 100 or not np.all(np.isfinite(wave)) or np.any(wave <= 0):
+        raise ProblemError(f"spectra.wave={wave.shape} is invalid: must be 1-D, at least 100 finite positive "
+                           "wavelengths (A)")
+    if arm.shape != wave.shape or np.any(np.diff(arm) < 0) or arm.min() < 0:
+        raise ProblemError(f"spectra.arm (shape {arm.shape}) is invalid: must give a non-decreasing arm number "
+                           f"for each of the {n} pixels")
+    for name in ("flux", "ivar"):
+        value = np.asarray(getattr(spectra, name))
+        if value.ndim != 2 or value.shape[1] != n or value.shape[0] < 1:
+            raise ProblemError(f"spectra.{name} has shape {value.shape}: must be (spectra, {n})")
+    if np.asarray(spectra.targetid).shape != (np.asarray(spectra.flux).shape[0],):
+        raise ProblemError(f"spectra.targetid has shape {np.asarray(spectra.targetid).shape}: must have one "
+                           "entry per spectrum")

@@ -1,0 +1,132 @@
+"""The implementations of spectra.fit, one per backend, all through :func:`fit_batch`.
+
+- ``numpy``: the reference, scipy's least_squares one spectrum at a time;
+- ``numba``: the batched Levenberg-Marquardt on NumPy arrays with Numba's
+  hot loops, threads over spectra;
+- ``torch``: the same batched fit on the GPU, every spectrum and iteration on
+  the device (the templates stay there between calls);
+- ``process`` (and any backend with a ``map``): chunks of spectra as tasks
+  through ``core.tasks.map_tasks``, each fitted by the numba path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from core import tasks
+from plugins.spectra.fit import ccf_start, finish, lm_batch, reference_fit, usable
+from plugins.spectra.model import Spectra, prepare
+from plugins.spectra.ops import NumpyOps, TorchOps, numba_ops
+from plugins.spectra.problem import SpectraProblem
+from plugins.spectra.templates import TemplateLibrary
+
+
+def fit_batch(spectra: Spectra, library: TemplateLibrary, ops: Any, *, method: str = "lm", degree: int = 3,
+              max_iter: int = 30, tol: float = 1e-7, table: Any = None) -> dict[str, np.ndarray]:
+    """Fit every spectrum of ``spectra``; the output columns (see :func:`plugins.spectra.fit.finish`)."""
+    prep = prepare(ops, library, spectra.wave, spectra.arm, degree, table)
+    flux_np, weight_np = spectra.clean()
+    fitted, flags = usable(prep, flux_np, weight_np)
+    rows = np.flatnonzero(fitted)
+    arms_used = np.stack([(weight_np[:, a:b] > 0).any(axis=1) for a, b in prep.arm_slices], axis=1).sum(axis=1)
+    result: dict[str, Any] = {}
+    if rows.size:
+        flux, weight = ops.asarray(flux_np[rows]), ops.asarray(weight_np[rows])
+        p0 = ccf_start(prep, flux, weight)
+        if method == "scipy":
+            result = reference_fit(prep, flux_np[rows], weight_np[rows], ops.to_numpy(p0), max_iter, tol)
+        else:
+            result = lm_batch(prep, flux, weight, p0, max_iter, tol)
+    out = finish(prep, result, weight_np, flags, fitted, arms_used * (degree + 1))
+    out["TARGETID"] = np.asarray(spectra.targetid)
+    return out
+
+
+def _outputs(columns: dict[str, np.ndarray], seconds: float) -> dict[str, np.ndarray]:
+    columns["fit_seconds"] = np.float64(seconds)
+    return columns
+
+
+def _solve(problem: SpectraProblem, ops: Any, method: str, table: Any = None) -> dict[str, np.ndarray]:
+    started = time.perf_counter()
+    columns = fit_batch(problem.spectra, problem.library(), ops, method=method, degree=problem.degree,
+                        max_iter=problem.max_iter, tol=problem.tol, table=table)
+    return _outputs(columns, time.perf_counter() - started)
+
+
+def solve_numpy(problem: SpectraProblem) -> dict[str, np.ndarray]:
+    return _solve(problem, NumpyOps(), "scipy")
+
+
+def solve_numba(problem: SpectraProblem) -> dict[str, np.ndarray]:
+    return _solve(problem, numba_ops(), "lm")
+
+
+_DEVICE_TABLES: dict[tuple, Any] = {}
+
+
+def device_table(library: TemplateLibrary, ops: TorchOps) -> Any:
+    """The library's templates on the device, copied once per process (a realistic grid is ~400 MB)."""
+    key = (id(library), str(ops.device), str(ops.dtype))
+    if key not in _DEVICE_TABLES:
+        _DEVICE_TABLES.clear()  # one library on the device at a time
+        _DEVICE_TABLES[key] = ops.asarray(library.logflux)
+    return _DEVICE_TABLES[key]
+
+
+def solve_torch(problem: SpectraProblem, device: Any = None) -> dict[str, np.ndarray]:
+    """The batched fit on the torch backend's GPU (``device`` overrides it: ``"cpu"`` in development)."""
+    if device is None:
+        from core.backends.torch_gpu import device as gpu
+        from core.backends.torch_gpu import synchronize
+
+        ops = TorchOps(gpu())
+    else:
+        ops, synchronize = TorchOps(device), (lambda: None)
+    library = problem.library()
+    out = _solve(problem, ops, "lm", table=device_table(library, ops))
+    synchronize()
+    return out
+
+
+# -- the parallel backends: chunks of spectra as tasks ------------------------------------------
+
+
+def fit_chunk(task: tuple, shared: Mapping[str, np.ndarray], seed: Any) -> dict[str, np.ndarray]:
+    """One chunk of rows, fitted by the numba path; runs in a worker."""
+    from core.backends import numba_threads
+
+    start, stop, grid, degree, max_iter, tol, names = task
+    numba_threads.use_idle_cores()
+    spectra = Spectra(wave=shared["wave"], arm=shared["arm"], flux=shared["flux"][start:stop],
+                      ivar=shared["ivar"][start:stop], targetid=shared["targetid"][start:stop], arm_names=names)
+    library = SpectraProblem(n_spectra=1, grid=grid, spectra=spectra).library()
+    return fit_batch(spectra, library, numba_ops(), degree=degree, max_iter=max_iter, tol=tol)
+
+
+def chunks(n: int) -> list[tuple[int, int]]:
+    """At most 64 chunks of at least 4 spectra: enough tasks to balance 16 workers, whatever the pool's size."""
+    size = max(4, -(-n // 64))
+    return [(start, min(n, start + size)) for start in range(0, n, size)]
+
+
+def solve_parallel(problem: SpectraProblem, backend: str) -> dict[str, np.ndarray]:
+    started = time.perf_counter()
+    spectra = problem.spectra
+    problem.library()  # a named grid is generated and saved here once, then every worker reads the file
+    bounds = chunks(len(spectra))
+    jobs = [(a, b, problem.grid, problem.degree, problem.max_iter, problem.tol, spectra.arm_names) for a, b in bounds]
+    shared = {"wave": np.asarray(spectra.wave), "arm": np.asarray(spectra.arm), "flux": np.asarray(spectra.flux),
+              "ivar": np.asarray(spectra.ivar), "targetid": np.asarray(spectra.targetid)}
+    parts = tasks.map_tasks(fit_chunk, jobs, shared=shared, labels=[f"spectra {a}..{b - 1}" for a, b in bounds],
+                            backend=backend)
+    columns = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+    return _outputs(columns, time.perf_counter() - started)
+
+
+def parallel_tasks(problem: SpectraProblem) -> float:
+    return float(len(chunks(problem.n_spectra)))
