@@ -28,8 +28,8 @@ def bandwidth_from_stats(rule: float | str, n: int, std: float, iqr: float) -> f
     if not isinstance(rule, str):
         return float(rule)
     spread = std if rule == "scott" else min(std, iqr / 1.34) * 0.9
-    if not spread > 0:  # all particles in one place: fall back to the other statistic
-        spread = max(std, iqr / 1.34, 1e-12)
+    if not 0 < spread < math.inf:  # all in one place (or NaN, inf from a diverged drift): the other statistic
+        spread = max([1e-12] + [s for s in (std, iqr / 1.34) if s < math.inf])
     return spread * n ** (-0.2)
 
 

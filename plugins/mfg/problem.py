@@ -340,7 +340,11 @@ class FPProblem(MFGModel):
         if self.U is None:  # zero everywhere, as a read-only view: no (Nt+1, Nx) array is allocated
             object.__setattr__(self, "U", space_time_view(np.zeros(1), self))
         else:
-            object.__setattr__(self, "U", check_space_time("U", self.U, self))
+            u = check_space_time("U", self.U, self)
+            # the particles' drift is -lam * dU/dx: bounded by lam * (max U - min U) / dx, which must be finite
+            check_derived("U", self.U, self.lam * (float(u.max()) - float(u.min())) / self.dx,
+                          "the drift bound lam*(max U - min U)/dx")
+            object.__setattr__(self, "U", u)
 
 
 @dataclass(frozen=True)

@@ -55,19 +55,29 @@ def expected_bandwidth(problem: MFGModel) -> float:
     mass = problem.m0 * problem.weights()
     mean = float(np.sum(problem.x * mass))
     variance0 = float(np.sum((problem.x - mean) ** 2 * mass))
-    spread = math.sqrt(min(variance0 + problem.sigma**2 * problem.T, problem.length**2 / 12))
+    # products, not **: Python's float ** raises OverflowError where * gives inf, which min() handles
+    spread = math.sqrt(min(variance0 + problem.sigma * problem.sigma * problem.T, problem.length * problem.length / 12))
     iqr = 1.349 * spread  # a Gaussian's interquartile range, for Silverman's rule
     return kde.bandwidth_from_stats(problem.bandwidth, problem.N, spread, iqr)
 
 
+def kernel_reach(problem: MFGModel) -> int:
+    """Grid nodes one node's mass is spread over by the binned KDE, ``2 * half + 1``."""
+    return 2 * kde.half_width(expected_bandwidth(problem), problem.dx) + 1
+
+
+def periodic_images(problem: MFGModel) -> int:
+    """How many periodic copies of the particles the direct KDE sums over (as kde.periodic_shifts, uncounted)."""
+    return 2 * math.ceil(kde.TRUNCATION * expected_bandwidth(problem) / problem.length) + 1
+
+
 def kernel_work(problem: MFGModel) -> float:
     """Gaussian weights applied to build the density at every time level (see the module docstring)."""
-    h = expected_bandwidth(problem)
     levels = (problem.Nt + 1) * problem.Nx
     if problem.kde == "direct":
-        images = len(kde.periodic_shifts(problem.length, h)) if problem.boundary == "periodic" else 3
-        return float(levels * problem.N * images)
-    return float(levels * (2 * kde.half_width(h, problem.dx) + 1))
+        images = periodic_images(problem) if problem.boundary == "periodic" else 3
+        return float(levels) * problem.N * images
+    return float(levels) * kernel_reach(problem)
 
 
 def fp_features(problem: MFGModel) -> dict[str, float]:
@@ -142,13 +152,28 @@ def _direct_bytes(problem: MFGModel) -> float:
     return 4 * 8.0 * problem.Nx * min(problem.N, 1 << 20) if problem.kde == "direct" else 0.0
 
 
+def _smoothing_host_bytes(problem: MFGModel, implementation: str) -> float:
+    """The host KDE's temporaries (see plugins.mfg.kde).
+
+    numpy builds each step's (Nx, Nx) smoothing matrix from (Nx, reach)
+    index and weight arrays; numba smooths every step at once by FFT, with
+    (steps, reach) kernels and a few (steps, 2 Nx) complex spectra.
+    """
+    if problem.kde != "binned":
+        return 0.0
+    reach, steps = float(kernel_reach(problem)), float(problem.Nt + 1)
+    if implementation == "numpy":
+        return 8.0 * problem.Nx * problem.Nx + 24.0 * problem.Nx * reach
+    return 8.0 * steps * reach + 48.0 * steps * problem.Nx
+
+
 def fp_memory(problem: MFGModel, implementation: str) -> float:
     """Peak bytes of one FP solve on the implementation's device."""
     grid = _grid_bytes(problem)
     if implementation == "numba:fused":
-        return 24.0 * problem.N + 3 * grid + all_steps_bytes(problem)
+        return 24.0 * problem.N + 3 * grid + all_steps_bytes(problem) + _smoothing_host_bytes(problem, "numba")
     if implementation == "numba:steps":
-        return 24.0 * problem.N + 3 * grid
+        return 24.0 * problem.N + 3 * grid + _smoothing_host_bytes(problem, "numba")
     # per particle, as measured on an H100 at N = 2e6 (torch.cuda.max_memory_allocated), rounded up:
     # drawing the start (two float64 uniforms, int64 cells) peaks at 48 bytes; an eager step's
     # whole-array temporaries (indices in int64, the deposit in float64) at 106
@@ -158,7 +183,7 @@ def fp_memory(problem: MFGModel, implementation: str) -> float:
     if implementation == "torch:eager":
         return (128.0 * problem.N + slotted_histogram_bytes(problem, 1) + 4 * grid + _smoothing_bytes(problem)
                 + _direct_bytes(problem))
-    return 64.0 * problem.N + 3 * grid  # numpy's whole-array temporaries
+    return 64.0 * problem.N + 3 * grid + _smoothing_host_bytes(problem, "numpy")  # numpy's whole-array temporaries
 
 
 def hjb_memory(problem: MFGModel, implementation: str) -> float:

@@ -44,6 +44,10 @@ _PERIODIC, _REFLECTING = 0, 1
 def _cell(x, xmin, dx, nx, boundary):
     """(left node, fraction) of an in-domain position; positions are never below xmin."""
     s = (x - xmin) / dx
+    if not s >= 0.0:
+        # NaN, from a drift or noise that overflowed: int(NaN) is undefined and would index outside
+        # the histogram; node 0 keeps memory safe, and the NaN position shows in the moments (flagged)
+        s = 0.0
     left = int(s)
     frac = s - left
     if boundary == 0:
