@@ -43,9 +43,9 @@ def test_truncated_file_warns_sets_aside_and_recalibrates(empty_cache):
     path = empty_cache / "wisdom.json"
     path.write_text(path.read_text()[: len(path.read_text()) // 2])  # torn write from a crash
     timings.forget()
-    with pytest.warns(wisdom.WisdomWarning, match=r"is corrupt \(JSONDecodeError.*calibration will run again"):
+    with pytest.warns(wisdom.WisdomWarning, match=r"is not valid JSON \(JSONDecodeError.*calibration will run again"):
         assert wisdom.load()["solvers"] == {}
-    assert list(empty_cache.glob("wisdom.json.corrupt-*"))
+    assert list(empty_cache.glob("wisdom.json.broken-*"))
     # a plan now recalibrates instead of crashing
     plan = core.plan(RandomWalkProblem(n_walkers=2000), solver="example.random_walk", calibrate=True)
     assert plan.predictions["numpy"].status == "calibrated"
@@ -55,12 +55,20 @@ def test_file_from_another_machine_is_not_used(empty_cache):
     wisdom.update(lambda data: data["solvers"].setdefault("x.y", {"version": "1", "backends": {}}))
     path = empty_cache / "wisdom.json"
     data = json.loads(path.read_text())
-    data["fingerprint"]["cpu"] = "Some Other CPU"
-    data["key"] = wisdom.fingerprint_key(data["fingerprint"])
+    data["host"]["cpu"] = "Some Other CPU"
     path.write_text(json.dumps(data))
-    with pytest.warns(wisdom.WisdomWarning, match="stale"):
+    timings.forget()
+    with pytest.warns(wisdom.WisdomWarning, match="written on another host or software \\(cpu 'Some Other CPU' -> "):
         assert wisdom.load()["solvers"] == {}
     assert list(empty_cache.glob("wisdom.json.stale-*"))
+
+
+def test_a_file_of_format_2_is_set_aside_with_a_note(empty_cache):
+    empty_cache.mkdir()
+    (empty_cache / "wisdom.json").write_text(json.dumps({"format": 2, "key": "k", "fingerprint": {}, "solvers": {}}))
+    with pytest.warns(wisdom.WisdomWarning, match="in the old format 2") as caught:
+        assert wisdom.load()["solvers"] == {}
+    assert len(caught) == 1 and list(empty_cache.glob("wisdom.json.format2-*"))
 
 
 def test_entry_of_another_plugin_version_is_dropped_alone(empty_cache):
@@ -78,6 +86,15 @@ def test_fingerprint_names_the_machine_and_versions():
     assert print_["cores"] >= 1 and print_["cpu"]
     assert set(print_["versions"]) == {"crossover", "numpy", "numba", "torch"}
     assert isinstance(print_["gpus"], list)
+
+
+def test_each_backend_is_keyed_by_what_its_timings_depend_on():
+    assert set(wisdom.host_fingerprint()) == {"cpu", "cores", "usable_cores", "machine", "python", "crossover"}
+    assert {"numba", "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER"} <= set(wisdom.backend_fingerprint("numba"))
+    assert {"torch", "cuda", "gpus"} <= set(wisdom.backend_fingerprint("torch"))
+    assert {"workers", "start_method"} <= set(wisdom.backend_fingerprint("process"))
+    assert {"numpy", "OMP_NUM_THREADS"} <= set(wisdom.backend_fingerprint("numpy"))
+    assert wisdom.backend_fingerprint("a_plugins_backend") == {"gpus": wisdom.gpu_names()}
 
 
 def test_the_store_is_plain_json(empty_cache):
