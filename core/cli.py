@@ -235,7 +235,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             table.add_section()
             table.add_row(f"[bold]{escape(name)}[/bold]", "", "", "")
             rows = _demo_solver(name, spec, statuses, progress)
-            for row in rows:
+            for row in _merge_skipped(rows):
                 table.add_row(*_demo_cells(row))
             payload += rows
     except KeyboardInterrupt:
@@ -247,8 +247,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return FAULT if any("error" in row for row in payload) else 0
 
 
-def _blame(name: str) -> str:
-    return f"solver {name} (plugin {get_registry().solver_owner.get(name, '?')!r})"
+def _blame(name: str, doing: str, exc: BaseException) -> str:
+    """One line naming the plugin and the solver (a PluginError from a guarded spec function already does)."""
+    if isinstance(exc, PluginError) and name in str(exc):
+        return str(exc)
+    owner = get_registry().solver_owner.get(name, "?")
+    return f"plugin {owner!r}: solver {name!r}: {doing} raised {type(exc).__name__}: {exc}"
 
 
 def _demo_solver(name: str, spec: Any, statuses: Mapping[str, Any], progress: _DemoProgress) -> list[dict[str, Any]]:
@@ -257,7 +261,7 @@ def _demo_solver(name: str, spec: Any, statuses: Mapping[str, Any], progress: _D
         problem = spec.default_problem()
         keys = implementations(spec)
     except (Exception, SystemExit) as exc:  # a broken plugin must not stop the demo of the others
-        message = f"{_blame(name)}: default_problem raised {type(exc).__name__}: {exc}"
+        message = _blame(name, "default_problem()", exc)
         progress.note(message)
         return [{"solver": name, "backend": "-", "error": message}]
     rows = []
@@ -275,13 +279,25 @@ def _demo_solver(name: str, spec: Any, statuses: Mapping[str, Any], progress: _D
             repeat = core.solve(problem, backend=backend, solver=name)
             summary = spec.summarize(problem, repeat.outputs)
         except (Exception, SystemExit) as exc:  # one broken pair must not hide the others
-            message = f"{type(exc).__name__}: {exc}"
-            progress.note(f"{_blame(name)} on {backend} failed: {message}")
+            message = _blame(name, f"solving on {backend}", exc)
+            progress.note(message)
             rows.append({**row, "error": message})
             continue
         progress.finished()
         rows.append({**row, "first_seconds": first.seconds, "repeat_seconds": repeat.seconds, "summary": summary})
     return rows
+
+
+def _merge_skipped(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Neighbouring rows skipped for the same reason as one row (``torch:fused, torch:eager``): a shorter table."""
+    merged: list[dict[str, Any]] = []
+    for row in rows:
+        last = merged[-1] if merged else {}
+        if "skipped" in row and last.get("skipped") == row["skipped"]:
+            merged[-1] = {**last, "backend": f"{last['backend']}, {row['backend']}"}
+        else:
+            merged.append(row)
+    return merged
 
 
 def _demo_cells(row: Mapping[str, Any]) -> tuple[str, str, str, str]:
