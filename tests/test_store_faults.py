@@ -531,3 +531,24 @@ def test_timings_of_this_process_survive_a_file_broken_under_it(empty_cache, fre
     written = json.loads((empty_cache / "wisdom.json").read_text())
     assert {"numpy", "spare"} <= set(written["solvers"]["faults.tiny"]["backends"])
     assert history.model(TINY, "numpy") is not None
+
+
+def test_timings_of_this_process_survive_another_configurations_write(empty_cache, monkeypatch):
+    monkeypatch.delenv("NUMBA_NUM_THREADS", raising=False)
+
+    def change(data):
+        entry = wisdom.solver_entry(data, "faults.all", "0")
+        for key in ("numpy", "numba:fused"):
+            entry["backends"][key] = {"calibration": [GOOD_RECORD]}
+
+    wisdom.update(change)
+    # a process with another NUMBA_NUM_THREADS rewrote numba's part since
+    document = json.loads((empty_cache / "wisdom.json").read_text())
+    document["backends"]["numba"]["fingerprint"]["NUMBA_NUM_THREADS"] = "7"
+    document["solvers"]["faults.all"]["backends"]["numba:fused"]["calibration"] = [dict(GOOD_RECORD, seconds=9.0)]
+    (empty_cache / "wisdom.json").write_text(json.dumps(document))
+    with pytest.warns(wisdom.WisdomWarning, match="NUMBA_NUM_THREADS '7' -> 'default'"):
+        history.record_start("numpy", 0.5)
+    written = json.loads((empty_cache / "wisdom.json").read_text())
+    assert written["solvers"]["faults.all"]["backends"]["numba:fused"]["calibration"] == [GOOD_RECORD]  # ours
+    assert written["backends"]["numba"]["fingerprint"] == wisdom.backend_fingerprint("numba")
