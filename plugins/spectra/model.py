@@ -206,7 +206,8 @@ def _rotation_cdf(xp: Any, u: Any) -> Any:
     """The integral of the limb-darkened rotational profile from -1 to u (0 at u <= -1, 1 at u >= 1)."""
     c1, c2 = 2 * (1 - EPSILON), math.pi * EPSILON / 2
     root = xp.sqrt(1 - u * u)
-    return (c1 * (u * root + xp.arcsin(u) + math.pi / 2) / 2 + c2 * (u - u**3 / 3 + 2 / 3)) / (math.pi * (1 - EPSILON / 3))
+    area = math.pi * (1 - EPSILON / 3)
+    return (c1 * (u * root + xp.arcsin(u) + math.pi / 2) / 2 + c2 * (u - u**3 / 3 + 2 / 3)) / area
 
 
 def kernel_half_width(vsini_max: float, step_kms: float) -> int:

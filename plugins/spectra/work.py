@@ -1,0 +1,104 @@
+"""What a spectra.fit solve costs: the work features the cost model is linear in, and the memory per device.
+
+One model evaluation (every LM iteration makes one, with the Jacobian) costs
+work on the template grid (16-corner interpolation, the rotational
+convolution of 6 channels: ``template_pixels``) and work on the data pixels
+(resampling, the continuum's least squares: ``pixels``). The CCF start costs
+FFTs on the template grid once per spectrum. The template grid's size
+(nodes x template pixels) is what the torch backend copies to the device on
+its first use and what every corner gather draws from.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from plugins.spectra.model import arm_wavelengths
+from plugins.spectra.problem import SpectraProblem
+from plugins.spectra.templates import C_KMS, TEMPLATE_STEP_KMS, V_MAX, VSINI_MAX
+
+COARSE_TEMPLATES = 12
+
+
+@cache
+def template_pixels(n_pixels: int) -> int:
+    """The cropped template grid's length for data of ``n_pixels`` (see model.prepare)."""
+    wave, _ = arm_wavelengths(n_pixels)
+    dlnw = math.log1p(TEMPLATE_STEP_KMS / C_KMS)
+    span = math.log(wave.max() / wave.min()) / dlnw
+    return int(span + 2 * ((V_MAX + VSINI_MAX) / C_KMS / dlnw + 4))
+
+
+def features(problem: SpectraProblem) -> dict[str, float]:
+    return _features(problem, float(problem.n_spectra * problem.max_iter))
+
+
+def _features(problem: SpectraProblem, spectrum_iterations: float) -> dict[str, float]:
+    tp = template_pixels(problem.n_pixels)
+    return {
+        "spectra": float(problem.n_spectra),
+        "iterations": spectrum_iterations,
+        "pixel_iterations": spectrum_iterations * problem.n_pixels,
+        "template_iterations": spectrum_iterations * tp,
+        "ccf": float(problem.n_spectra) * tp * COARSE_TEMPLATES,
+        "library": float(problem.nodes) * tp,
+    }
+
+
+def work_done(problem: SpectraProblem, outputs: Any) -> dict[str, float]:
+    """The iterations the fits really ran (a converged spectrum leaves the batch)."""
+    iterations = np.asarray(outputs["ITERATIONS"])
+    return _features(problem, float(iterations.sum()))
+
+
+def memory(problem: SpectraProblem, implementation: str) -> float:
+    return batch_bytes(problem.n_spectra, problem.n_pixels, problem.nodes, implementation)
+
+
+def batch_bytes(n_spectra: int, n_pixels: int, nodes: int, implementation: str) -> float:
+    """Peak bytes on the implementation's device: the templates plus the batch's working arrays.
+
+    Per spectrum: ~24 template-length arrays (ln F and its 4 derivatives,
+    6 broadened channels, the convolution's padding) and ~80 data-length
+    ones (the continuum design and its projection, the Jacobian three
+    times), plus the CCF's complex spectrum; float32 on the GPU, float64 on
+    the CPU. The numpy reference holds one spectrum at a time; a parallel
+    worker holds the library and one chunk.
+    """
+    backend = implementation.split(":", 1)[0]
+    tp = template_pixels(n_pixels)
+    nfft = 1 << math.ceil(math.log2(tp + 2 * V_MAX / TEMPLATE_STEP_KMS + 1))
+    itemsize = 4 if backend == "torch" else 8
+    per_spectrum = itemsize * (24 * tp + 80 * n_pixels) + 16 * nfft
+    library = 4.0 * nodes * tp
+    data = 2 * 4.0 * n_spectra * n_pixels
+    if backend == "numpy":
+        return library + data + per_spectrum
+    if backend in ("torch", "numba"):
+        return library + data + per_spectrum * n_spectra
+    from plugins.spectra.solve import chunks
+
+    workers = min(os.cpu_count() or 1, len(chunks(n_spectra)))
+    rows = max(b - a for a, b in chunks(n_spectra))
+    return data + workers * (library + per_spectrum * rows)  # every worker loads the library and fits a chunk
+
+
+def largest_batch(n_pixels: int, nodes: int, implementation: str, free_bytes: float, limit: int,
+                  fraction: float = 0.5) -> int:
+    """The most spectra (up to ``limit``) whose batch fits in ``fraction`` of ``free_bytes`` (bisection)."""
+    budget = fraction * free_bytes
+    if batch_bytes(1, n_pixels, nodes, implementation) > budget:
+        return 0
+    lo, hi = 1, max(1, limit)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if batch_bytes(mid, n_pixels, nodes, implementation) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
