@@ -232,6 +232,7 @@ def forget() -> None:
 
 
 def _warn(message: str) -> None:
+    message = " ".join(message.splitlines())  # names read from a file may hold line breaks: one line still
     if message not in _warned:  # one line per fault, however often the file is re-read
         _warned.add(message)
         warnings.warn(message, WisdomWarning, stacklevel=4)
@@ -387,7 +388,7 @@ def _clean_solver(name: str, entry: Any, dropped: list[str]) -> bool:
         dropped.append(f"solver {name!r} (not an entry with a version and backends)")
         return False
     for implementation, slot in list(entry["backends"].items()):
-        where = f"{name} on {implementation}"
+        where = f"{name!r} on {implementation!r}"  # repr: a key read from the file may hold a newline
         fault = _slot_fault(slot)
         if fault:
             dropped.append(f"{where} {fault}")
@@ -422,7 +423,7 @@ def _clean(data: dict[str, Any], path: Path) -> None:
     # timings of a backend without a fingerprint cannot be checked against this machine
     unchecked = _implementations(data, lambda backend: backend not in data["backends"])
     for solver, implementation in unchecked:
-        dropped.append(f"{solver} on {implementation} (its backend has no fingerprint)")
+        dropped.append(f"{solver!r} on {implementation!r} (its backend has no fingerprint)")
         del data["solvers"][solver]["backends"][implementation]
     if dropped:
         more = f" and {len(dropped) - MAX_LISTED} more" if len(dropped) > MAX_LISTED else ""
