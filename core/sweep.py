@@ -5,7 +5,8 @@ swept) or an explicit list of parameter dicts. Results come back in input
 order, and ``on_result(index, point)`` sees each point as it finishes. A
 point that fails is recorded with its error and the rest carry on: an
 exception inside a point is caught where it happens, and a worker that dies
-takes only its own point with it (the others are rerun on the rebuilt pool).
+takes only its own point with it (the others are rerun on the rebuilt pool),
+as does a point that runs past the ``timeout``.
 
 Points are spread over a parallel backend with :func:`core.tasks.map_tasks`
 only, so any backend with a ``map`` (the process pool, a cluster) runs a
@@ -21,11 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.api import solve
-from core.errors import CrossoverError, TaskFailedError, WorkerCrashedError
+from core.errors import CrossoverError, TaskFailedError, TaskTimeoutError, WorkerCrashedError
 from core.registry import get_registry, get_solver
 from core.running import registered_backend
 from core.solver import SolverSpec, backend_of, problem_from_params
-from core.tasks import backend_for_map, map_tasks, parallelism
+from core.tasks import backend_for_map, map_tasks, parallelism, task_timeout
 
 Target = str | Callable[..., Any]
 # (outputs, error, seconds, backend used): what a point's task returns, picklable
@@ -102,19 +103,31 @@ def _checked_target(target: object) -> Target:
     return target
 
 
-def _mapping_backend(backend: str, n_points: int, workers: int | None) -> str | None:
-    """The backend the points are mapped on, or None to run them here one after another."""
+def _mapping_backend(backend: str, n_points: int, workers: int | None, timeout: float | None) -> str | None:
+    """The backend the points are mapped on, or None to run them here one after another.
+
+    Only a point in another process can be stopped, so an explicit
+    ``timeout`` maps even one point, on one worker, and refuses a backend
+    that would run the points here.
+    """
     backends = get_registry().backends
     if backend == "auto":
-        if n_points < 2:
+        if n_points < 2 and timeout is None:
             return None
         try:
             backend_for_map("process")
         except CrossoverError:  # no pool here: the points run in this process
+            if timeout is not None:
+                raise
             return None
-        return "process" if (workers or parallelism("process")) > 1 else None
+        return "process" if timeout is not None or (workers or parallelism("process")) > 1 else None
     registered_backend(backend)  # an unknown name is one clear error
-    return backend if backends[backend_of(backend)].map is not None and ":" not in backend else None
+    if backends[backend_of(backend)].map is not None and ":" not in backend:
+        return backend
+    if timeout is not None:
+        raise CrossoverError(f"timeout={timeout!r} is invalid with backend {backend!r}: its points run in this "
+                             f"process, where a point cannot be stopped; use backend='auto' or 'process'")
+    return None
 
 
 def _run_here(target: Target, points: list[dict[str, Any]], backend: str,
@@ -143,8 +156,9 @@ def _run_mapped(target: Target, points: list[dict[str, Any]], backend: str, opti
         labels = [repr(points[i])[:60] for i in batch]
         try:
             map_tasks(_point_task, tasks, labels=labels, backend=backend, on_result=finished, **options)
-        except TaskFailedError as lost:  # a dead worker, or a result that could not come back
-            why = "worker process died" if isinstance(lost, WorkerCrashedError) else "task failed"
+        except TaskFailedError as lost:  # a dead or stopped worker, or a result that could not come back
+            why = ("timed out" if isinstance(lost, TaskTimeoutError) else
+                   "worker process died" if isinstance(lost, WorkerCrashedError) else "task failed")
             # index -1: the worker died before any task started; blame the first so the loop moves on
             finished(max(lost.task_index, 0), (None, f"{why}: {lost}", 0.0, inner))
         pending = [i for i in batch if rows[i] is None]
@@ -152,7 +166,8 @@ def _run_mapped(target: Target, points: list[dict[str, Any]], backend: str, opti
 
 
 def sweep(target: str | SolverSpec | Callable[..., Any], grid, backend: str = "auto", *,
-          workers: int | None = None, on_result: PointCallback | None = None) -> list[SweepPoint]:
+          workers: int | None = None, on_result: PointCallback | None = None,
+          timeout: float | None = None) -> list[SweepPoint]:
     """Run ``target`` at every point of ``grid``; results in input order.
 
     - A backend with a task map (``"process"``, or a third party's) spreads
@@ -167,10 +182,15 @@ def sweep(target: str | SolverSpec | Callable[..., Any], grid, backend: str = "a
     ``workers`` sizes the process pool (process backend only).
     ``on_result(index, point)`` is called in this process as each point
     finishes, in completion order, for checkpoints and progress.
+    ``timeout``: seconds one point may run (default ``CROSSOVER_TASK_TIMEOUT``
+    for mapped points, else no limit); a point past it is recorded as timed
+    out, its worker is stopped, and the other points go on.
     """
     target = _checked_target(target)
     points = expand(grid)
-    mapped_on = _mapping_backend(backend, len(points), workers)
+    if timeout is not None:
+        timeout = task_timeout(timeout)
+    mapped_on = _mapping_backend(backend, len(points), workers, timeout)
     if workers is not None and mapped_on not in (None, "process"):
         raise CrossoverError(f"workers={workers!r} is invalid with backend {backend!r}: it sizes the process pool only")
 
@@ -181,7 +201,10 @@ def sweep(target: str | SolverSpec | Callable[..., Any], grid, backend: str = "a
     if mapped_on is None:
         rows = _run_here(target, points, backend, report)
     else:
-        rows = _run_mapped(target, points, mapped_on, {} if workers is None else {"workers": workers}, report)
+        options: dict[str, Any] = {} if workers is None else {"workers": workers}
+        if timeout is not None:
+            options["timeout"] = timeout
+        rows = _run_mapped(target, points, mapped_on, options, report)
     return [_as_point(params, row) for params, row in zip(points, rows)]
 
 

@@ -12,6 +12,8 @@ reference; every backend seeds task ``i`` with the ``i``-th child of
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,10 +23,19 @@ from core.backend import Backend
 from core.errors import BackendUnavailableError, UnknownBackendError
 from core.registry import get_registry
 from core.running import probe, registered_backend
-from core.seeded_tasks import ResultCallback, TaskFn, readonly_views, run_serially, task_labels, task_seeds
+from core.seeded_tasks import (
+    TIMEOUT_VARIABLE,
+    ResultCallback,
+    TaskFn,
+    readonly_views,
+    run_serially,
+    task_labels,
+    task_seeds,
+    task_timeout,
+)
 
 __all__ = ["ResultCallback", "TaskFn", "backend_for_map", "map_tasks", "mapping_backends", "parallelism",
-           "readonly_views", "run_serially", "task_labels", "task_seeds"]
+           "readonly_views", "run_serially", "task_labels", "task_seeds", "task_timeout"]
 
 
 def mapping_backends() -> list[str]:
@@ -46,7 +57,7 @@ def backend_for_map(name: str) -> Backend:
 
 def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarray] | None = None,
               seed: int | None = None, labels: Sequence[str] | None = None, backend: str = "process",
-              on_result: ResultCallback | None = None, **options: Any) -> list[Any]:
+              on_result: ResultCallback | None = None, timeout: float | None = None, **options: Any) -> list[Any]:
     """Run ``fn(task, shared, seed)`` for every task on ``backend``; results in task order.
 
     - ``fn`` must be importable by name (a module-level function), since
@@ -57,6 +68,12 @@ def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarr
     - ``labels`` name the tasks in errors (default: each task's short repr).
     - ``on_result(index, result)`` runs in the calling process as each task
       completes, in completion order: for checkpoints and progress.
+    - ``timeout``: seconds one task may run (default ``CROSSOVER_TASK_TIMEOUT``,
+      else no limit). A task past it raises
+      :class:`~core.errors.TaskTimeoutError` and its worker is stopped. A
+      backend enforces it if its ``map`` takes ``timeout`` (the process pool
+      does); an explicit ``timeout`` on one that cannot is an error, the
+      variable's default a warning.
     - ``options`` go to the backend's own ``map`` unchanged (``workers=`` for
       the process pool).
 
@@ -66,7 +83,31 @@ def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarr
     one unavailable here raises before any task runs.
     """
     runner = backend_for_map(backend)
+    limit = task_timeout(timeout)
+    if limit is not None:
+        if _takes_timeout(runner.map):
+            options["timeout"] = limit
+        elif timeout is not None:
+            raise UnknownBackendError(f"timeout={timeout!r} is invalid with backend {backend!r}: its map cannot "
+                                      f"stop a task; backends that can: {', '.join(_timing_backends()) or 'none'}")
+        else:
+            warnings.warn(f"{TIMEOUT_VARIABLE}={limit:g} is not enforced on backend {backend!r}: its map cannot "
+                          f"stop a task", RuntimeWarning, stacklevel=2)
     return runner.map(fn, tasks, shared=shared, seed=seed, labels=labels, on_result=on_result, **options)
+
+
+def _takes_timeout(mapper: Any) -> bool:
+    """Whether a backend's ``map`` accepts ``timeout`` (third parties' maps written before it existed do not)."""
+    try:
+        parameters = inspect.signature(mapper).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "timeout" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def _timing_backends() -> list[str]:
+    return [name for name, backend in get_registry().backends.items()
+            if backend.map is not None and _takes_timeout(backend.map)]
 
 
 def parallelism(backend: str) -> int:

@@ -68,3 +68,61 @@ def weighted_draws(task, shared, seed):
     import numpy as np
 
     return (np.random.default_rng(seed).standard_normal(task) * shared["weights"][:task]).tolist()
+
+
+def hang_on(task, shared, seed):
+    """Return ``value`` at once, except when it equals ``hang``: that task never returns.
+
+    ``started``, if given, is a file created when the hanging task starts, so
+    that a test in another process knows it is running.
+    """
+    value, hang, started = task
+    if value == hang:
+        if started:
+            open(started, "w").close()
+        while True:
+            time.sleep(1)
+    return value
+
+
+def hold_the_gil(task, shared, seed):
+    """Create the file ``task``, then sleep an hour inside a C call that keeps the GIL.
+
+    No other thread of the worker (its lifeline watcher included) can run.
+    """
+    import ctypes
+
+    open(task, "w").close()
+    ctypes.PyDLL(None).sleep(3600)  # PyDLL: the call does not release the GIL
+
+
+def report_blocks_then_hang(task, shared, seed):
+    """Write the names of the shared-memory blocks this task sees (atomically) to the file ``task``; then hang."""
+    from core.backends import process_pool
+
+    with open(task + ".part", "w") as names:
+        names.write("\n".join(process_pool._attached))
+    os.replace(task + ".part", task)
+    while True:
+        time.sleep(1)
+
+
+class NeedsTwoArguments(Exception):
+    """Pickles, but cannot be unpickled: unpickling calls it with one argument."""
+
+    def __init__(self, code, detail):
+        super().__init__(f"code {code}: {detail}")
+
+
+def raise_unpicklable(task, shared, seed):
+    """Task ``bad`` raises an exception that cannot make the trip back (``kind``: why not)."""
+    import threading
+
+    value, bad, kind = task
+    if value == bad:
+        if kind == "init":
+            raise NeedsTwoArguments(7, "the detail")
+        error = ValueError("holds a lock")
+        error.lock = threading.Lock()  # locks cannot be pickled
+        raise error
+    return value

@@ -22,3 +22,12 @@ def seeded_draws(seed: int, count: int) -> dict:
     import numpy as np
 
     return {"draws": np.random.default_rng(seed).standard_normal(count)}
+
+
+def stuck_at(x: float, stuck: float) -> dict:
+    """Never returns for ``x == stuck``."""
+    import time
+
+    while x == stuck:
+        time.sleep(1)
+    return {"y": x * x}

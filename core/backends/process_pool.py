@@ -127,7 +127,17 @@ def _kill_workers() -> None:
         process.kill()  # SIGKILL: a hung task may ignore anything milder, and it owns nothing to clean up
     # the executor sees its workers gone and fails their futures; wait until they are, without reaping them
     executor.shutdown(wait=False, cancel_futures=True)
-    wait_for_sentinels([process.sentinel for process in processes], timeout=_GRACE_SECONDS)
+    _all_exited(processes, _GRACE_SECONDS)
+
+
+def _all_exited(processes: list, seconds: float) -> bool:
+    """Wait up to ``seconds`` for every process to exit; whether they all did."""
+    deadline = time.monotonic() + seconds
+    pending = [process.sentinel for process in processes]
+    while pending and (left := deadline - time.monotonic()) > 0:
+        ready = wait_for_sentinels(pending, timeout=left)  # returns as soon as any one is ready
+        pending = [sentinel for sentinel in pending if sentinel not in ready]
+    return not pending
 
 
 def _shutdown_at_exit() -> None:
@@ -138,7 +148,7 @@ def _shutdown_at_exit() -> None:
         return
     processes = list((getattr(executor, "_processes", None) or {}).values())
     executor.shutdown(wait=False, cancel_futures=True)
-    if len(wait_for_sentinels([p.sentinel for p in processes], timeout=_GRACE_SECONDS)) < len(processes):
+    if not _all_exited(processes, _GRACE_SECONDS):
         for process in processes:
             process.kill()
     _executor = _started = None
