@@ -522,13 +522,21 @@ def test_fingerprint_does_not_import_torch(tmp_path):
     assert done.stdout.strip() == "False", done.stderr[-2000:]
 
 
-def test_timings_of_this_process_survive_a_file_broken_under_it(empty_cache, fresh_registry):
+@pytest.mark.parametrize("fault", ["torn", "deleted"])
+def test_timings_of_this_process_survive_a_file_broken_under_it(empty_cache, fresh_registry, fault):
     install_tiny()
     core.calibrate(["faults.tiny"], budget=2.0)
-    (empty_cache / "wisdom.json").write_text("{ torn")  # another program broke the file after we wrote it
-    with pytest.warns(wisdom.WisdomWarning, match="is not valid JSON"):
+    path = empty_cache / "wisdom.json"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if fault == "torn":
+            path.write_text("{ torn")  # another program broke the file after we wrote it
+        else:
+            path.unlink()
         history.record_start("numpy", 0.5)  # the next write re-reads the file and must keep our calibration
-    written = json.loads((empty_cache / "wisdom.json").read_text())
+    messages = [str(w.message) for w in caught if issubclass(w.category, wisdom.WisdomWarning)]
+    assert len(messages) == (1 if fault == "torn" else 0) and all("is not valid JSON" in m for m in messages)
+    written = json.loads(path.read_text())
     assert {"numpy", "spare"} <= set(written["solvers"]["faults.tiny"]["backends"])
     assert history.model(TINY, "numpy") is not None
 

@@ -484,9 +484,11 @@ def _read(state: _State) -> dict[str, Any]:
     path = state.path
     try:
         text = _read_text(path)
-        data = empty() if text is None else _parse(text)
+        data = None if text is None else _parse(text)
     except _Broken as broken:
         _set_aside(path, broken)
+        data = None
+    if data is None:  # no usable file (yet, or any more): start from this process's own timings, if any
         data = empty()
         _carry_over(data, state.memory, lambda backend: True)
         return data
