@@ -143,7 +143,9 @@ def prepare(ops: Any, library: TemplateLibrary, wave: np.ndarray, arm: np.ndarra
         raise ProblemError(f"wave spans {wave.min():.1f}..{wave.max():.1f} A: must lie within the templates' "
                            f"{library.wave[0]:.1f}..{library.wave[-1]:.1f} A less the +-{V_MAX:.0f} km/s margin")
     if table is None:
-        table = ops.asarray(library.logflux[:, first:last])
+        # float32 as stored: a view on the CPU (a realistic grid is ~400 MB), one copy to a GPU
+        table = ops.asarray(library.logflux[:, first:last], dtype=ops.torch.float32 if ops.name == "torch"
+                            else np.float32)
     else:
         table = table[:, first:last]
     ln_wave0 = library.ln_wave0 + first * library.dlnw
@@ -242,16 +244,9 @@ def shifted_templates(prep: Prepared, p: Any, jac: bool) -> Any:
     """The continuum-free model at the data pixels, (B, 1, N); with ``jac`` (B, 7, N): the model and d/dp."""
     ops, xp = prep.ops, prep.ops.xp
     idx, w, dw = corners(prep, p[:, 2:6], jac)
-    logf = ops.interpolate(prep.table, idx, w, dw)  # (B, 1 or 5, P)
-    flux = xp.exp(logf[:, :1])
-    channels = _cat(ops, [flux, flux * logf[:, 1:]], 1) if jac else flux
+    channels = ops.interpolate_exp(prep.table, idx, w, dw)  # (B, 1 or 5, P): F, F d ln F / d theta
     half = kernel_half_width(float(xp.max(p[:, 1])), prep.step_kms)
-    kernel = rotation_kernel(prep, p[:, 1], half)
-    broadened = ops.convolve(channels, ops.cast(kernel))
-    if jac:
-        dk = rotation_kernel_derivative(prep, p[:, 1], half)
-        # channels: S, 4 x dS/dtheta, dS/dvsini
-        broadened = _cat(ops, [broadened, ops.convolve(flux, ops.cast(dk))], 1)
+    broadened = ops.convolve(channels, ops.cast(rotation_kernel(prep, p[:, 1], half)))
     beta = p[:, 0] / C_KMS
     u = prep.u0[None, :] - (log_doppler(p[:, 0], xp) / prep.dlnw)[:, None]
     u = ops.clip(u, 0.0, float(prep.n_template - 1) - 1e-6)
@@ -261,10 +256,13 @@ def shifted_templates(prep: Prepared, p: Any, jac: bool) -> Any:
     values = left + frac * (right - left)
     if not jac:
         return values
+    # d S / d vsini: the unbroadened flux convolved with d kernel / d vsini, gathered at the same pixels
+    dk = ops.cast(rotation_kernel_derivative(prep, p[:, 1], half))
+    dleft, dright = ops.gather_pairs(ops.convolve(channels[:, :1], dk), j0)
     du_dv = ops.cast(-1.0 / (C_KMS * (1 - beta * beta) * prep.dlnw))
     dv = (right[:, :1] - left[:, :1]) * du_dv[:, None, None]
-    # reorder to p's order: value, v, vsini, teff, logg, feh, alpha
-    return _cat(ops, [values[:, :1], dv, values[:, 5:6], values[:, 1:5]], 1)
+    # in p's order: value, v, vsini, teff, logg, feh, alpha
+    return _cat(ops, [values[:, :1], dv, dleft + frac * (dright - dleft), values[:, 1:5]], 1)
 
 
 @dataclass

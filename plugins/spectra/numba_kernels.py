@@ -31,6 +31,38 @@ def _interpolate(table, idx, w, dw, channels):  # pragma: no cover - compiled
 
 
 @jit(parallel=True)
+def _interpolate_exp(table, idx, w, dw, derivatives):  # pragma: no cover - compiled
+    # per pixel, all 16 corners and 5 channels accumulate in registers; each output is written once
+    b_count, corners = idx.shape
+    pixels = table.shape[1]
+    channels = 5 if derivatives else 1
+    out = np.empty((b_count, channels, pixels))
+    for b in prange(b_count):
+        for j in range(pixels):
+            acc = 0.0
+            d0 = 0.0
+            d1 = 0.0
+            d2 = 0.0
+            d3 = 0.0
+            for c in range(corners):
+                value = table[idx[b, c], j]
+                acc += w[b, c] * value
+                if derivatives:
+                    d0 += dw[b, c, 0] * value
+                    d1 += dw[b, c, 1] * value
+                    d2 += dw[b, c, 2] * value
+                    d3 += dw[b, c, 3] * value
+            flux = np.exp(acc)
+            out[b, 0, j] = flux
+            if derivatives:
+                out[b, 1, j] = flux * d0
+                out[b, 2, j] = flux * d1
+                out[b, 3, j] = flux * d2
+                out[b, 4, j] = flux * d3
+    return out
+
+
+@jit(parallel=True)
 def _convolve(x, kernel):  # pragma: no cover - compiled
     b_count, channels, n = x.shape
     width = kernel.shape[1]
@@ -75,6 +107,13 @@ class NumbaOps(NumpyOps):
             channels = 1 + dw.shape[2]
         return _interpolate(table, np.ascontiguousarray(idx), np.ascontiguousarray(w, dtype=np.float64),
                             np.ascontiguousarray(dw, dtype=np.float64), channels)
+
+    def interpolate_exp(self, table, idx, w, dw):
+        derivatives = dw is not None
+        if not derivatives:
+            dw = np.zeros((idx.shape[0], idx.shape[1], 4))
+        return _interpolate_exp(table, np.ascontiguousarray(idx), np.ascontiguousarray(w, dtype=np.float64),
+                                np.ascontiguousarray(dw, dtype=np.float64), derivatives)
 
     def convolve(self, x, kernel):
         return _convolve(np.ascontiguousarray(x, dtype=np.float64), np.ascontiguousarray(kernel, dtype=np.float64))

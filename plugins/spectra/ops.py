@@ -95,6 +95,16 @@ class NumpyOps:
                 out[:, 1:] += dw[:, c, :, None] * rows[:, None, :]
         return out
 
+    def interpolate_exp(self, table, idx, w, dw):
+        """The template channels: F = exp(interpolated ln F), and F * d ln F / d theta_k with ``dw``."""
+        logf = self.interpolate(table, idx, w, dw)
+        flux = self.xp.exp(logf[:, :1])
+        if dw is None:
+            return flux
+        logf[:, 1:] *= flux
+        logf[:, :1] = flux
+        return logf
+
     def convolve(self, x: np.ndarray, kernel: np.ndarray) -> np.ndarray:
         """Same-size convolution of x (B, C, P) with each row's symmetric kernel (B, K), zero beyond the ends."""
         half = kernel.shape[1] // 2
@@ -189,17 +199,17 @@ class TorchOps(NumpyOps):
             b = torch.as_tensor(b, dtype=a.dtype, device=a.device)
         return torch.maximum(a, b)
 
-    def interpolate(self, table, idx, w, dw):
-        # one gather per corner keeps the memory at (B, 5, P), not (B, 16, P)
-        rows = table[idx[:, 0]]
-        out0 = w[:, 0, None] * rows
-        out1 = dw[:, 0, :, None] * rows[:, None, :] if dw is not None else None
-        for c in range(1, idx.shape[1]):
-            rows = table[idx[:, c]]
-            out0.addcmul_(w[:, c, None], rows)
-            if dw is not None:
-                out1.addcmul_(dw[:, c, :, None], rows[:, None, :])
-        return out0[:, None, :] if dw is None else self.torch.cat([out0[:, None, :], out1], dim=1)
+    def interpolate(self, table, idx, w, dw, rows_per_chunk: int = 256):
+        # gather the 16 corner rows of a chunk of spectra and contract them with one batched matmul:
+        # the rows are read once, not once per output channel as 16 separate axpys would
+        torch = self.torch
+        weights = w[:, None, :] if dw is None else torch.cat([w[:, None, :], dw.transpose(1, 2)], dim=1)
+        out = torch.empty((idx.shape[0], weights.shape[1], table.shape[1]), dtype=self.dtype, device=self.device)
+        for start in range(0, idx.shape[0], rows_per_chunk):
+            sl = slice(start, start + rows_per_chunk)
+            corners = table.index_select(0, idx[sl].reshape(-1)).reshape(-1, idx.shape[1], table.shape[1])
+            torch.bmm(weights[sl], corners, out=out[sl])
+        return out
 
     def convolve(self, x, kernel):
         # a grouped conv1d: every (spectrum, channel) row with its spectrum's kernel (cuDNN on a GPU)

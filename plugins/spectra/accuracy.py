@@ -1,0 +1,67 @@
+"""Accuracy on in-model spectra: the fit against the truth and against the Cramer-Rao bound.
+
+Shared by the tests (a few hundred spectra) and by
+``docs/scripts/spectra_accuracy.py`` (500 per signal-to-noise, the issue's
+acceptance run), so both compute the same statistics.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from plugins.spectra.fit import FAILURE
+from plugins.spectra.model import N_PARAMS, PARAM_NAMES, covariance, evaluate, prepare
+from plugins.spectra.ops import NumpyOps
+from plugins.spectra.solve import fit_batch
+from plugins.spectra.synth import clean_flux, synthetic_spectra
+from plugins.spectra.templates import TemplateLibrary
+
+
+def cramer_rao(library: TemplateLibrary, spectra: Any, clean: np.ndarray, degree: int = 3) -> np.ndarray:
+    """(B, 6) Cramer-Rao bounds: the inverse Fisher matrix of the model at the truth, continuum marginalised.
+
+    With noise-free data at the true parameters the linear continuum solve
+    returns the true continuum, and the projected normal matrix is the
+    Fisher matrix of p for Gaussian noise of inverse variance ``ivar``.
+    """
+    ops = NumpyOps()
+    prep = prepare(ops, library, spectra.wave, spectra.arm, degree)
+    _, weight = spectra.clean()
+    out = np.empty((len(spectra), N_PARAMS))
+    for start in range(0, len(spectra), 64):
+        sl = slice(start, start + 64)
+        at_truth = evaluate(prep, spectra.truth[sl], clean[sl], weight[sl], jac=True)
+        out[sl] = np.sqrt(np.diagonal(covariance(prep, at_truth.hessian), 0, 1, 2))
+    return out
+
+
+def accuracy_run(library: TemplateLibrary, n: int, snr: float, ops: Any, *, seed: int = 0, degree: int = 3,
+                 method: str = "lm", max_iter: int = 30) -> dict[str, Any]:
+    """Fit ``n`` synthetic spectra at ``snr``; the statistics of the issue's acceptance list."""
+    spectra = synthetic_spectra(library, n, snr=snr, degree=degree, seed=seed)
+    out = fit_batch(spectra, library, ops, method=method, degree=degree, max_iter=max_iter)
+    crb = cramer_rao(library, spectra, clean_flux(library, spectra, degree, seed), degree)
+    return summarize(spectra.truth, out, crb)
+
+
+def summarize(truth: np.ndarray, out: dict[str, np.ndarray], crb: np.ndarray) -> dict[str, Any]:
+    ok = (np.asarray(out["FLAGS"]) & FAILURE) == 0
+    dv = np.asarray(out["VRAD"]) - truth[:, 0]
+    sigma_v = np.asarray(out["VRAD_ERR"])
+    stats: dict[str, Any] = {
+        "n": int(len(dv)), "fitted": int(ok.sum()),
+        "median_dv_over_sigma": float(np.median(dv[ok] / sigma_v[ok])),
+        "median_dv_kms": float(np.median(dv[ok])),
+        "rv_scatter_over_crb": float(np.std(dv[ok] / crb[ok, 0])),
+        "rms_dv_kms": float(np.sqrt(np.mean(dv[ok] ** 2))), "rms_crb_kms": float(np.sqrt(np.mean(crb[ok, 0] ** 2))),
+        "median_sigma_v_kms": float(np.median(sigma_v[ok])),
+        "outlier_fraction": float(np.mean(np.abs(dv) > np.maximum(5 * sigma_v, 20.0))),
+    }
+    for i, name in enumerate(PARAM_NAMES):
+        column = "VRAD" if name == "v" else name.upper()
+        pull = (np.asarray(out[column]) - truth[:, i])[ok] / np.asarray(out[f"{column}_ERR"])[ok]
+        stats[f"pull_std_{name}"] = float(np.std(pull))
+        stats[f"pull_median_{name}"] = float(np.median(pull))
+    return stats
