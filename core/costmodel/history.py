@@ -329,7 +329,7 @@ def flush() -> None:
                     continue  # only calibrated pairs keep a history
                 history = entry["backends"][implementation].setdefault("history", [])
                 if any(kept is record for kept in history):
-                    continue  # the store runs in memory: record_solve already put it there
+                    continue  # already in this process's copy (record_solve), which the store kept
                 history.append(record)
                 del history[:-HISTORY_LIMIT]
 

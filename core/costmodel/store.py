@@ -511,6 +511,8 @@ def _open_lock(path: Path) -> int | None:
     because writers replace it whole.
     """
     lock = _lock_path(path)
+    if _is_symlink(lock):  # also where there is no O_NOFOLLOW to refuse it at open
+        raise _Unusable(f"lock file {lock} is a symbolic link (refused: it could point anywhere)")
     try:
         descriptor = os.open(lock, _OPEN_FLAGS | os.O_CREAT, 0o644)
     except OSError as exc:
