@@ -100,6 +100,8 @@ def _as_float(value: object) -> float | None:
     """``value`` as a float: None for non-numbers and bools; +-inf where it overflows float64."""
     if _is_bool(value) or not isinstance(value, (numbers.Real, Decimal)):
         return None
+    if isinstance(value, Decimal) and value.is_nan():  # float() refuses a signalling NaN
+        return math.nan
     try:
         return float(value)
     except OverflowError:  # 10**400, Fraction(10**400, 3): beyond float64, like inf

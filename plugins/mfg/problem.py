@@ -209,11 +209,13 @@ def _check_domain(model: MFGModel, given: set[str]) -> None:
     set_ = object.__setattr__
     for name in ("xmin", "xmax"):
         set_(model, name, check_float(name, getattr(model, name), minimum=-X_LIMIT, maximum=X_LIMIT))
+    blame = _domain_field(given)
     if model.xmax <= model.xmin:
+        if blame == "xmin":  # the user moved xmin past the preset's xmax
+            raise fail("xmin", model.xmin, f"must be less than xmax={model.xmax:g}")
         raise fail("xmax", model.xmax, f"must be greater than xmin={model.xmin:g}")
     set_(model, "boundary", check_choice("boundary", model.boundary, BOUNDARIES))
     set_(model, "Nx", check_int("Nx", model.Nx, minimum=3, maximum=1_000_000))
-    blame = _domain_field(given)
     value = getattr(model, blame)
     dx = model.dx
     # the diffusion term divides by dx**2 (and Python's ** raises where * would give inf)
@@ -243,6 +245,11 @@ def _check_coefficients(model: MFGModel) -> None:
     # the implicit step's diagonal, 1/dt + sigma**2/dx**2, and a particle's largest noise step
     check_derived("sigma", sigma, 1 / dt + sigma * sigma / (dx * dx),
                   "the implicit step's diagonal 1/dt + sigma**2/dx**2")
+    # the step's matrix I/dt - nu * Laplacian has a condition number of about 1 + 4 nu dt/dx**2 (the
+    # Laplacian is singular on a periodic or reflecting grid: only 1/dt keeps it invertible); a tridiagonal
+    # solve loses that factor of float64's 16 digits, so it stays below 1e12 to keep 4 of them
+    check_derived("sigma", sigma, 1 + 2 * sigma * sigma * dt / (dx * dx),
+                  "the implicit step's condition number 1 + 4*nu*dt/dx**2, nu = sigma**2/2,", high=1e12)
     check_derived("sigma", sigma, LARGEST_DRAW * sigma * math.sqrt(dt) + model.length,
                   "a particle's largest noise step, 40*sigma*sqrt(dt), plus the domain's length")
     set_(model, "lam", check_float("lam", model.lam, minimum=0))

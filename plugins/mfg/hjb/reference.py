@@ -42,7 +42,10 @@ def thomas(lower: np.ndarray, diag: np.ndarray, upper: np.ndarray, rhs: np.ndarr
     0-d numpy values.
     """
     if lower.ndim == diag.ndim == upper.ndim == rhs.ndim == 1:
-        return np.array(_sweep(lower.tolist(), diag.tolist(), upper.tolist(), rhs.tolist()))
+        try:
+            return np.array(_sweep(lower.tolist(), diag.tolist(), upper.tolist(), rhs.tolist()))
+        except ZeroDivisionError:  # a pivot lost to rounding: NumPy's rows give inf/NaN, which the Result flags
+            pass
     # sweep along the first axis of transposed views: a[j] indexes faster than a[..., j]
     a, b, c = (np.moveaxis(v, -1, 0) for v in np.broadcast_arrays(lower, diag, upper))
     return np.moveaxis(np.stack(np.broadcast_arrays(*_sweep(a, b, c, np.moveaxis(rhs, -1, 0)))), 0, -1)
