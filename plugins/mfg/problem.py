@@ -146,7 +146,7 @@ class MFGModel:
                 set_(self, name, value)
         _check_domain(self, given)
         _check_time(self)
-        _check_coefficients(self)
+        _check_coefficients(self, given)
         set_(self, "N", check_int("N", self.N, minimum=1))
         set_(self, "seed", check_seed("seed", self.seed))
         set_(self, "kde", check_choice("kde", self.kde, KDE_METHODS))
@@ -237,7 +237,7 @@ def _check_time(model: MFGModel) -> None:
     check_derived("T", model.T, model.dt, "the time step dt=T/Nt", low=FLOAT_TINY)
 
 
-def _check_coefficients(model: MFGModel) -> None:
+def _check_coefficients(model: MFGModel, given: set[str]) -> None:
     """sigma, lam, congestion and its coefficient, each bounded by the terms of the scheme it enters."""
     set_ = object.__setattr__
     set_(model, "sigma", check_float("sigma", model.sigma, minimum=0))
@@ -248,7 +248,8 @@ def _check_coefficients(model: MFGModel) -> None:
     # the step's matrix I/dt - nu * Laplacian has a condition number of about 1 + 4 nu dt/dx**2 (the
     # Laplacian is singular on a periodic or reflecting grid: only 1/dt keeps it invertible); a tridiagonal
     # solve loses that factor of float64's 16 digits, so it stays below 1e12 to keep 4 of them
-    check_derived("sigma", sigma, 1 + 2 * sigma * sigma * dt / (dx * dx),
+    blame = "sigma" if "sigma" in given else "T"  # the user's long horizon, not the preset's sigma
+    check_derived(blame, getattr(model, blame), 1 + 2 * sigma * sigma * dt / (dx * dx),
                   "the implicit step's condition number 1 + 4*nu*dt/dx**2, nu = sigma**2/2,", high=1e12)
     check_derived("sigma", sigma, LARGEST_DRAW * sigma * math.sqrt(dt) + model.length,
                   "a particle's largest noise step, 40*sigma*sqrt(dt), plus the domain's length")
