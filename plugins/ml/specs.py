@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from core.solver import SizeSpace, SolverSpec, lazy
+from plugins.ml.dotgat.problem import DotGATProblem
 from plugins.ml.linreg_problem import LinRegProblem
 
 # -- ml.linreg ---------------------------------------------------------------------------
@@ -82,5 +83,85 @@ LINREG = SolverSpec(
 )
 
 
+# -- ml.dotgat ---------------------------------------------------------------------------
+
+DOTGAT_VARIANTS = {  # implementation key -> (model, compiled, device)
+    "torch_cpu:naive": ("naive", False, "cpu"),
+    "torch_cpu:optimized": ("optimized", False, "cpu"),
+    "torch:naive": ("naive", False, "gpu"),
+    "torch:optimized": ("optimized", False, "gpu"),
+    "torch:naive_compiled": ("naive", True, "gpu"),
+    "torch:optimized_compiled": ("optimized", True, "gpu"),
+}
+
+
+def dotgat_features(problem: DotGATProblem) -> dict[str, float]:
+    """``train_flops``: forward + backward (3x forward) of every step's batch; ``steps``: per-step overhead
+    (launches, the Python of the step); ``param_steps``: the optimiser's work; ``eval_flops``: the two
+    validation passes."""
+    forward = problem.forward_flops()
+    return {"train_flops": 3.0 * forward * problem.batch * problem.n_steps, "steps": float(problem.n_steps),
+            "param_steps": problem.parameters() * problem.n_steps, "eval_flops": 2.0 * forward * problem.n_val}
+
+
+def dotgat_space(quick: bool) -> SizeSpace:
+    # one model shape in the quick space: each compiled variant compiles once per shape (tens of seconds on a
+    # GPU), and a CPU step of batch 64 at H=32 takes about 0.1-0.4 s on a shared 2-core VM
+    if quick:
+        return SizeSpace(ranges={"batch": (8, 64), "n_steps": (1, 8)}, fixed={"n_val": 64})
+    return SizeSpace(ranges={"batch": (8, 64), "n_steps": (2, 50)}, choices={"H": [32, 64, 128]},
+                     fixed={"n_val": 256, "T": 50, "M": 25, "A": 20, "message_steps": 5})
+
+
+def dotgat_memory(problem: DotGATProblem, implementation: str) -> float:
+    """Parameters with gradients and AdamW's two moments, the saved activations, the attention scores, the data."""
+    sequences = problem.batch * problem.T * problem.A
+    activations = 4.0 * sequences * problem.H * (2 + 16 * problem.message_steps)
+    scores = 4.0 * problem.batch * problem.heads * problem.A * problem.T * (problem.T + problem.A) * 3
+    data = 4.0 * (problem.n_train + problem.n_val) * problem.T * (problem.M + problem.A * problem.y_dim)
+    return 16.0 * problem.parameters() + activations + problem.message_steps * scores + data
+
+
+def dotgat_supports(problem: DotGATProblem, implementation: str) -> str:
+    if implementation.startswith("torch_cpu:") and problem.precision == "tf32":
+        return "TF32 is a GPU matmul mode"
+    return ""
+
+
+def dotgat_compile_key(problem: DotGATProblem, implementation: str):
+    if not DOTGAT_VARIANTS[implementation][1]:
+        return ()
+    return (problem.config(), problem.batch, problem.precision)
+
+
+def dotgat_summary(problem: DotGATProblem, outputs) -> str:
+    losses = np.asarray(outputs["train_loss"])
+    return (f"{problem.n_steps} steps of batch {problem.batch} ({problem.precision}): training loss "
+            f"{losses[0]:.4f} -> {losses[-1]:.4f}; validation loss {float(outputs['val_loss_start']):.4f} -> "
+            f"{float(outputs['val_loss_end']):.4f} ({float(outputs['val_loss_ratio']):.1f}x lower)")
+
+
+def _dotgat_implementation(key: str) -> lazy:
+    kind, compiled, device = DOTGAT_VARIANTS[key]
+    return lazy("plugins.ml.dotgat.solve", "solve_cpu" if device == "cpu" else "solve_gpu", kind=kind,
+                compiled=compiled)
+
+
+DOTGAT = SolverSpec(
+    name="ml.dotgat",
+    problem_type=DotGATProblem,
+    implementations={key: _dotgat_implementation(key) for key in DOTGAT_VARIANTS},
+    features=dotgat_features,
+    size_axis="batch",
+    space=dotgat_space,
+    supports=dotgat_supports,
+    memory=dotgat_memory,
+    compile_key=dotgat_compile_key,
+    default_problem=DotGATProblem,
+    summarize=dotgat_summary,
+    description="a training run of DynamicDotGAT (AdamW, cosine schedule, clipping) on synthetic GP data",
+)
+
+
 def all_specs() -> list[SolverSpec]:
-    return [LINREG]
+    return [LINREG, DOTGAT]
