@@ -100,7 +100,7 @@ def wait_for_file(path: Path, caller: subprocess.Popen, seconds: float = 60.0) -
 
 IDLE = """
     from core.backends import process_pool
-    process_pool.start_pool(workers=2)
+    process_pool.start_pool(workers=1)
     open("ready", "w").close()
     import time
     time.sleep(600)
@@ -110,7 +110,7 @@ BUSY = """
     from core.backends import process_pool
     import numpy as np
     import process_tasks as pt
-    process_pool.map_tasks(pt.{task}, ["started", 0], shared={{"data": np.ones(1000)}}, workers=2)
+    process_pool.map_tasks(pt.{task}, ["started", 0], shared={{"data": np.ones(1000)}}, workers=1)
 """
 
 
@@ -124,8 +124,8 @@ def test_caller_death_leaves_no_pool_process(tmp_path, pool, kill):
     task = {"hung task": "report_blocks_then_hang", "task holding the GIL": "hold_the_gil"}.get(pool)
     caller, marker = start_caller(tmp_path, IDLE if task is None else BUSY.format(task=task))
     wait_for_file(tmp_path / ("ready" if task is None else "started"), caller)
-    # the caller, the forkserver, the resource tracker and two workers
-    assert len(marked_processes(marker)) >= 5
+    # the caller, the forkserver, the resource tracker and the worker (one, to spare the CI's cores)
+    assert len(marked_processes(marker)) >= 4
     blocks = (tmp_path / "started").read_text().split() if task == "report_blocks_then_hang" else []
     assert all(Path("/dev/shm", name).exists() for name in blocks)
     caller.send_signal(kill)
@@ -141,7 +141,7 @@ def test_ctrl_c_with_a_hung_task_exits_quickly(tmp_path):
         signal.signal(signal.SIGINT, signal.default_int_handler)  # even if this test runs with SIGINT ignored
         from core.backends import process_pool
         import process_tasks as pt
-        process_pool.map_tasks(pt.hang_on, [(0, 1, None), (1, 1, "started")], workers=2)
+        process_pool.map_tasks(pt.hang_on, [(0, 1, None), (1, 1, "started")], workers=1)
     """)
     wait_for_file(tmp_path / "started", caller)
     interrupted = time.monotonic()

@@ -155,3 +155,45 @@ def test_backend_record_offers_the_map_and_its_parallelism(monkeypatch):
     assert process_pool.BACKEND.map is process_pool.map_tasks
     monkeypatch.setenv("CROSSOVER_WORKERS", "3")
     assert process_pool.BACKEND.parallelism() == 3
+
+
+def readme_taste() -> str:
+    """The README's "A taste of the API" snippet, as printed."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme.split("## A taste of the API", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.slow
+def test_readme_taste_runs_as_a_script_and_calibrates_every_backend(tmp_path, empty_cache):
+    """Saved as a plain script (no ``__main__`` guard) and run: no traceback, every available backend calibrated.
+
+    Its pool workers must not rerun the script (they used to, and calibrating
+    again inside a starting worker failed, leaving the process backend
+    uncalibrated). It takes 20-60 s, as printed.
+    """
+    import os
+    import subprocess
+    import sys
+
+    import core
+    from core.solver import backend_of
+    from plugins.example.problem import RandomWalkProblem
+
+    script = tmp_path / "taste.py"
+    script.write_text(readme_taste())
+    assert "__main__" not in script.read_text()  # the case that used to fail
+    env = {**os.environ, "CROSSOVER_CACHE_DIR": str(empty_cache)}
+    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "Traceback" not in run.stderr and "bootstrapping" not in run.stderr
+    # read back the store the script wrote: every backend that runs here has a model, the pool's included
+    plan = core.plan(RandomWalkProblem(n_walkers=1_000_000, n_steps=100, seed=1))
+    available = {name for name, status in core.backends(describe=False).items() if status.available}
+    expected = {backend_of(key) for key in plan.predictions} & available  # the solver's candidates that run here
+    assert "process" in expected
+    modelled = {backend_of(key) for key, p in plan.predictions.items() if p.status != "uncalibrated"}
+    assert expected <= modelled, {key: p.status for key, p in plan.predictions.items()}
