@@ -151,21 +151,34 @@ def lm_batch(prep: Prepared, flux: Any, weight: Any, p0: Any, max_iter: int, tol
         if active.size == 0:
             break
         a = ops.asint(active)
-        h = hessian[a]
+        h, g, here = hessian[a], gradient[a], p[a]
+        # a parameter on its bound that the gradient pushes outwards stays there (an active set): its
+        # row and column leave the system, so the step and the predicted decrease are the feasible ones
+        span = prep.upper - prep.lower
+        free = ~(((here <= prep.lower + 1e-9 * span) & (g < 0)) | ((here >= prep.upper - 1e-9 * span) & (g > 0)))
+        f = ops.float64(free)
+        g = g * f
+        h = h * f[:, :, None] * f[:, None, :] + eye * (1 - f)[:, None, :]
         diag = xp.diagonal(h, 0, 1, 2)
         lam = damping[a]
-        step = ops.solve(h + eye * (lam[:, None] * ops.maximum(diag, floor[None, :]))[:, None, :], gradient[a])
-        trial_p = ops.clip(p[a] + step, prep.lower[None, :], prep.upper[None, :])
+        step = ops.solve(h + eye * (lam[:, None] * ops.maximum(diag, floor[None, :]))[:, None, :], g)
+        trial_p = ops.clip(here + step, prep.lower[None, :], prep.upper[None, :])
         trial = evaluate(prep, trial_p, flux[a], weight[a], jac=True)
-        gain = chi2[a] - trial.chi2
+        before = chi2[a]
+        gain = before - trial.chi2
         better = gain > 0
+        # the step's predicted decrease: below the tolerance, neither this step nor a more damped one matters
+        predicted = xp.sum(step * g, 1)
         p[a] = xp.where(better[:, None], trial_p, p[a])
         chi2[a] = xp.where(better, trial.chi2, chi2[a])
-        hessian[a] = xp.where(better[:, None, None], trial.hessian, h)
+        hessian[a] = xp.where(better[:, None, None], trial.hessian, hessian[a])
         gradient[a] = xp.where(better[:, None], trial.gradient, gradient[a])
         damping[a] = xp.where(better, lam * 0.3, lam * 5.0)
         iterations[active] += 1
-        small = ops.to_numpy(better & (gain <= tol * chi2[a])) if tol > 0 else np.zeros(active.size, dtype=bool)
+        if tol > 0:
+            small = ops.to_numpy((better & (gain <= tol * before)) | (predicted <= tol * before))
+        else:
+            small = np.zeros(active.size, dtype=bool)
         stuck = ops.to_numpy(damping[a] > 1e8)
         done[active] = small | stuck
     return {"p": p, "chi2": chi2, "hessian": hessian, "iterations": iterations, "converged": done}
