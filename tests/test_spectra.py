@@ -88,7 +88,7 @@ def test_save_and_load_round_trip_exactly(library, tmp_path):
 def test_a_damaged_library_file_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"not an npz file at all")
-    with pytest.raises(ProblemError, match="template library .*bad.npz.* cannot be read"):
+    with pytest.raises(ProblemError, match=r"template library .*bad\.npz.* cannot be read"):
         T.load(bad)
 
 
