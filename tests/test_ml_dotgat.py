@@ -208,7 +208,7 @@ def test_equivalence_on_the_gpu_in_true_fp32():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("key", ["torch:optimized", "torch:optimized_compiled", "torch:naive_compiled"])
+@pytest.mark.parametrize("key", ["torch:naive", "torch:optimized", "torch:optimized_compiled"])
 def test_gpu_variants_train_like_the_cpu(key):
     problem = DotGATProblem(batch=16, n_steps=5, n_train=256, n_val=64)
     cpu = core.solve(problem, backend="torch_cpu:naive", solver="ml.dotgat").outputs
@@ -218,6 +218,6 @@ def test_gpu_variants_train_like_the_cpu(key):
 
 @pytest.mark.gpu
 def test_gpu_training_in_bf16_lowers_the_validation_loss():
-    out = core.solve(DotGATProblem(n_steps=100, precision="bf16"), backend="torch:optimized_compiled",
+    out = core.solve(DotGATProblem(n_steps=100, precision="bf16"), backend="torch:optimized",
                      solver="ml.dotgat").outputs
     assert float(out["val_loss_ratio"]) >= 5.0
