@@ -217,6 +217,18 @@ def test_unreadable_worker_count_is_one_clear_line(monkeypatch, value):
         with pytest.raises(ProblemError) as caught:
             call()
         assert str(caught.value) == expected
+    assert process_pool.BACKEND.probe() == (False, expected)  # plan and run give the reason
+
+
+def test_an_unreadable_worker_count_is_one_line_from_the_command_line(tmp_path):
+    env = {**os.environ, "CROSSOVER_WORKERS": "abc", "CROSSOVER_CACHE_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-m", "core.cli", "run", "example.random_walk", "--param",
+                          "n_walkers=1000", "--backend", "process"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode != 0 and "Traceback" not in run.stderr
+    assert run.stderr.strip() == ("crossover: error: backend 'process' is unavailable here: "
+                                  "CROSSOVER_WORKERS='abc' is invalid: must be an integer >= 1, or unset")
+    assert process_pool.BACKEND.probe().available  # this process's variable is fine
 
 
 def test_readable_worker_counts(monkeypatch):

@@ -55,7 +55,7 @@ import numpy as np
 
 from core.backend import Availability, Backend, host_free_memory
 from core.backends import pool_lifeline, pool_main
-from core.errors import TaskFailedError, TaskTimeoutError, UnpicklableTaskError, WorkerCrashedError
+from core.errors import ProblemError, TaskFailedError, TaskTimeoutError, UnpicklableTaskError, WorkerCrashedError
 from core.seeded_tasks import ResultCallback, TaskFn, task_labels, task_seeds, task_timeout
 from core.validation import env_flag, fail
 
@@ -560,6 +560,10 @@ def _probe() -> Availability:
         import threadpoolctl  # noqa: F401  (needed to pin worker threads)
     except ImportError:
         return Availability(False, "threadpoolctl is not installed")
+    try:
+        default_workers()
+    except ProblemError as exc:  # plan and run then say why, rather than "uncalibrated"
+        return Availability(False, str(exc))
     return Availability(True)
 
 
