@@ -245,8 +245,9 @@ def test_ctrl_c_during_calibrate_keeps_what_was_measured(tmp_path, fresh_registr
     monkeypatch.setenv("CROSSOVER_DISABLE_PLUGIN_AUTOLOAD", "1")
     script = tmp_path / "calibrate_slow.py"
     script.write_text(CALIBRATE_SCRIPT.format(tests=str(TESTS)))
+    # a runner started in the background may ignore SIGINT, and children inherit that: restore the default
     process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, cwd=ROOT)
+                               text=True, cwd=ROOT, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # each sample is a warm-up and at least 3 timed calls, and the two take turns: after 9 calls both
     # have measured n=1, and the second sample of slow_a (n=2) is under way
     deadline = time.monotonic() + 120
@@ -273,6 +274,20 @@ def test_ctrl_c_during_calibrate_keeps_what_was_measured(tmp_path, fresh_registr
     assert {key: len(history.samples(spec, key)) for key in kept} == kept
     assert sorted(s.features["n"] for s in history.samples(spec, "slow_a")) == [float(n) for n in
                                                                                range(1, kept["slow_a"] + 1)]
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["demo"], "crossover: interrupted: the demo stopped during demo.bad_solve on numpy; 0 runs finished, "
+               "nothing else to keep"),
+    (["run", "demo.good", "--backend", "numpy"], "crossover: interrupted: run stopped; it had nothing to keep"),
+])
+def test_ctrl_c_elsewhere_is_one_line_and_status_130(capsys, demo_registry, monkeypatch, argv, expected):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(core, "solve", interrupted)
+    assert main(argv) == core.cli.INTERRUPTED
+    assert one_line(capsys.readouterr().err.splitlines(keepends=True)[-1]) == expected
 
 
 # -- the demo -----------------------------------------------------------------------------
