@@ -199,12 +199,35 @@ def test_build_names_the_implementations():
 # -- on a GPU ------------------------------------------------------------------------------
 
 
+def gradients(model, x, weights) -> tuple[torch.Tensor, dict]:
+    model.zero_grad(set_to_none=True)
+    y = model(x)
+    (y * weights).sum().backward()
+    return y.detach(), {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+
+
 @pytest.mark.gpu
-def test_equivalence_on_the_gpu_in_true_fp32():
+def test_equivalence_on_the_gpu_in_float64_and_fp32_against_float64():
+    """On the GPU: in float64 the two are one function to 1e-10; in fp32 (TF32 off) each is as close to the
+    float64 truth as the other. fp32 against fp32 there is rounding, not a difference in function: cuBLAS and
+    the fused attention kernels sum in other orders than the CPU, and the published shape's first-layer
+    gradients cancel (measured on an H200: W_embed's gradients differ by 1.7e-5 relative)."""
     from plugins.ml.dotgat.train import set_precision
 
-    set_precision("fp32")  # no TF32: the bar is fp32's
-    assert_equivalent(DotGATConfig(message_steps=2), 4, device="cuda")
+    set_precision("fp32")
+    config = DotGATConfig(message_steps=2)
+    naive, optimized = twin_models(config, "cuda")
+    x = torch.randn(4, config.T, config.M, device="cuda")
+    weights = torch.randn(4, config.T, config.A, config.y_dim, device="cuda")
+    fp32 = {kind: gradients(model, x, weights) for kind, model in (("naive", naive), ("optimized", optimized))}
+    assert relative(fp32["optimized"][0], fp32["naive"][0]) < 1e-5
+    exact = {kind: gradients(model.double(), x.double(), weights.double())
+             for kind, model in (("naive", naive), ("optimized", optimized))}
+    assert relative(exact["optimized"][0], exact["naive"][0]) < 1e-10
+    for name, truth in exact["naive"][1].items():
+        assert relative(exact["optimized"][1][name], truth) < 1e-10, name
+        error = {kind: relative(fp32[kind][1][name], truth) for kind in fp32}
+        assert error["naive"] < 1e-4 and error["optimized"] < max(1e-5, 3 * error["naive"]), (name, error)
 
 
 @pytest.mark.gpu

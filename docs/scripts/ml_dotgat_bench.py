@@ -147,6 +147,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budget", type=float, default=240.0, help="seconds; compiled runs stop after this")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--eager-batches", default="8,16,32,64", help="batches of the eager runs (comma-separated)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
@@ -160,7 +161,7 @@ def main() -> None:
     began = time.perf_counter()
     precisions = ("fp32", "tf32", "bf16") if cuda else ("fp32",)
     plan = [(kind, False, precision, batch) for precision in precisions for kind in ("naive", "optimized")
-            for batch in (8, 16, 32, 64)]
+            for batch in map(int, args.eager_batches.split(","))]
     if cuda:
         plan += [("optimized", True, p, 64) for p in ("bf16", "fp32", "tf32")] + [("naive", True, p, 64)
                                                                                    for p in ("fp32", "bf16")]

@@ -100,8 +100,9 @@ def training_step(model: torch.nn.Module, *, total_steps: int, lr: float = 3e-3,
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, **options)
     warmup = max(1, total_steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(total_steps, warmup))
-    return Trainer(model=model, forward=compiled or model, optimizer=optimizer, schedule=schedule,
-                   precision=precision, clip=clip)
+    # `compiled or model` would call len() on the compiled module
+    return Trainer(model=model, forward=compiled if compiled is not None else model, optimizer=optimizer,
+                   schedule=schedule, precision=precision, clip=clip)
 
 
 def train(trainer: Trainer, X: torch.Tensor, y: torch.Tensor, steps: int, batch: int,
