@@ -320,7 +320,8 @@ class _DemoProgress:
         self._status = None
         err = Console(stderr=True, highlight=False)
         self._live = err.is_terminal
-        print(f"crossover demo: {solvers} solvers, each implementation run twice (first call, then repeat); "
+        print(f"crossover demo: {solvers} solver{'' if solvers == 1 else 's'}, each implementation run twice "
+              "(first call, then repeat); "
               "progress below, the table at the end", file=sys.stderr, flush=True)
         if self._live:
             self._status = err.status("starting")
