@@ -239,7 +239,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 table.add_row(*_demo_cells(row))
             payload += rows
     except KeyboardInterrupt:
-        raise Interrupted(f"the demo stopped during {progress.current}; {progress.done} runs finished, "
+        raise Interrupted(f"the demo stopped during {progress.current}; {_count(progress.done, 'run')} finished, "
                           "nothing else to keep") from None
     finally:
         progress.stop()
@@ -319,11 +319,9 @@ class _DemoProgress:
         self.current, self.done = "its start", 0
         self._status = None
         err = Console(stderr=True, highlight=False)
-        self._live = err.is_terminal
-        print(f"crossover demo: {solvers} solver{'' if solvers == 1 else 's'}, each implementation run twice "
-              "(first call, then repeat); "
+        print(f"crossover demo: {_count(solvers, 'solver')}, each implementation run twice (first call, then repeat); "
               "progress below, the table at the end", file=sys.stderr, flush=True)
-        if self._live:
+        if err.is_terminal:
             self._status = err.status("starting")
             self._status.start()
 
@@ -537,10 +535,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.showwarning = _show_warning  # set first: plugins load while the parser is built
     try:
         parser = build_parser()
+        args = parser.parse_args(argv)
     except PluginError as exc:  # a broken plugin under CROSSOVER_PLUGINS_STRICT=1
         print(f"crossover: error: {exc}", file=sys.stderr)
         return FAULT
-    args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        print("crossover: interrupted while loading plugins; nothing had started", file=sys.stderr)
+        return INTERRUPTED
     command = COMMANDS.get(args.command) or getattr(args, "handler", None)
     if command is None:
         print(f"crossover: error: command {args.command!r} names no function to run; its plugin must call "
@@ -569,11 +570,15 @@ def _kept(interrupt: KeyboardInterrupt, command: str) -> str:
     if isinstance(interrupt, CalibrationInterrupted):
         if not interrupt.kept:
             return "no implementation had finished a sample yet; nothing was kept"
-        measured = ", ".join(f"{solver} {key} ({samples} samples)" for solver, key, samples in interrupt.kept)
-        return f"kept the timings of {len(interrupt.kept)} implementations already measured: {measured}"
+        measured = ", ".join(f"{solver} {key} ({_count(samples, 'sample')})" for solver, key, samples in interrupt.kept)
+        return f"kept the timings of {_count(len(interrupt.kept), 'implementation')} already measured: {measured}"
     if isinstance(interrupt, Interrupted) and str(interrupt):
         return str(interrupt)
     return f"{command} stopped; it had nothing to keep"
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _silence_stdout() -> None:
