@@ -289,12 +289,12 @@ def _demo_solver(name: str, spec: Any, statuses: Mapping[str, Any], progress: _D
 
 
 def _merge_skipped(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Neighbouring rows skipped for the same reason as one row (``torch:fused, torch:eager``): a shorter table."""
+    """Neighbouring rows skipped for the same reason as one row, a name a line: a shorter, narrower table."""
     merged: list[dict[str, Any]] = []
     for row in rows:
         last = merged[-1] if merged else {}
         if "skipped" in row and last.get("skipped") == row["skipped"]:
-            merged[-1] = {**last, "backend": f"{last['backend']}, {row['backend']}"}
+            merged[-1] = {**last, "backend": f"{last['backend']}\n{row['backend']}"}
         else:
             merged.append(row)
     return merged
