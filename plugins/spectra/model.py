@@ -114,6 +114,8 @@ class Prepared:
     dlnw: float
     u0: Any  # (N,) template position of every data pixel at v = 0
     basis: Any  # (N, ncoef)
+    basis_t: Any  # (ncoef, N)
+    basis_outer: Any  # (N, ncoef * ncoef): the products of every pair of basis columns
     lower: Any  # (6,) float64 bounds of p
     upper: Any
     arm_slices: list[tuple[int, int]]
@@ -153,13 +155,16 @@ def prepare(ops: Any, library: TemplateLibrary, wave: np.ndarray, arm: np.ndarra
     mesh = np.stack(np.meshgrid(*library.axes, indexing="ij"), axis=-1).reshape(-1, 4)
     bounds_lo = np.array([-V_MAX, 0.0, *library.lower])
     bounds_hi = np.array([V_MAX, VSINI_MAX, *library.upper])
+    basis = legendre_basis(wave, arm, degree)
     edges = np.flatnonzero(np.diff(arm)) + 1
     starts = [0, *edges.tolist()]
     stops = [*edges.tolist(), len(arm)]
     return Prepared(ops=ops, table=table, axes=[ops.asarray(a, dtype=_f64(ops)) for a in library.axes],
                     strides=strides, node_params=mesh, ln_wave0=ln_wave0, dlnw=library.dlnw,
                     u0=ops.asarray((lnw - ln_wave0) / library.dlnw, dtype=_f64(ops)),
-                    basis=ops.asarray(legendre_basis(wave, arm, degree)), lower=ops.asarray(bounds_lo, _f64(ops)),
+                    basis=ops.asarray(basis), basis_t=ops.asarray(np.ascontiguousarray(basis.T)),
+                    basis_outer=ops.asarray((basis[:, :, None] * basis[:, None, :]).reshape(len(wave), -1)),
+                    lower=ops.asarray(bounds_lo, _f64(ops)),
                     upper=ops.asarray(bounds_hi, _f64(ops)), arm_slices=list(zip(starts, stops)), degree=degree)
 
 
@@ -246,19 +251,19 @@ def shifted_templates(prep: Prepared, p: Any, jac: bool) -> Any:
     idx, w, dw = corners(prep, p[:, 2:6], jac)
     channels = ops.interpolate_exp(prep.table, idx, w, dw)  # (B, 1 or 5, P): F, F d ln F / d theta
     half = kernel_half_width(float(xp.max(p[:, 1])), prep.step_kms)
-    broadened = ops.convolve(channels, ops.cast(rotation_kernel(prep, p[:, 1], half)))
+    kernel = ops.cast(rotation_kernel(prep, p[:, 1], half))
     beta = p[:, 0] / C_KMS
     u = prep.u0[None, :] - (log_doppler(p[:, 0], xp) / prep.dlnw)[:, None]
     u = ops.clip(u, 0.0, float(prep.n_template - 1) - 1e-6)
     j0 = _int(ops, xp.floor(u))
     frac = ops.cast(u - j0)[:, None, :]
-    left, right = ops.gather_pairs(broadened, j0)
+    left, right = ops.broaden_at(channels, kernel, j0)
     values = left + frac * (right - left)
     if not jac:
         return values
-    # d S / d vsini: the unbroadened flux convolved with d kernel / d vsini, gathered at the same pixels
+    # d S / d vsini: the unbroadened flux convolved with d kernel / d vsini, read at the same pixels
     dk = ops.cast(rotation_kernel_derivative(prep, p[:, 1], half))
-    dleft, dright = ops.gather_pairs(ops.convolve(channels[:, :1], dk), j0)
+    dleft, dright = ops.broaden_at(channels[:, :1], dk, j0)
     du_dv = ops.cast(-1.0 / (C_KMS * (1 - beta * beta) * prep.dlnw))
     dv = (right[:, :1] - left[:, :1]) * du_dv[:, None, None]
     # in p's order: value, v, vsini, teff, logg, feh, alpha
@@ -281,19 +286,19 @@ def evaluate(prep: Prepared, p: Any, flux: Any, weight: Any, jac: bool = False,
     ops, xp = prep.ops, prep.ops.xp
     shifted = shifted_templates(prep, p, jac)
     template = shifted[:, 0]
-    design = prep.basis[None, :, :] * template[:, :, None]  # (B, N, ncoef)
-    weighted = design * weight[:, :, None]
-    gram = ops.float64(xp.swapaxes(weighted, 1, 2) @ design)
-    ncoef = gram.shape[-1]
+    # the continuum's normal equations from matrix products with the fixed basis: the (B, N, ncoef)
+    # design matrix (template x basis) is never formed
+    wt = weight * template
+    ncoef = prep.basis.shape[1]
+    gram = ops.float64((wt * template) @ prep.basis_outer).reshape(-1, ncoef, ncoef)
     eye = ops.eye(ncoef)
     diagonal = xp.diagonal(gram, 0, 1, 2)
     # an arm without a single usable pixel has zero columns: pin its coefficients to 0
     empty = ops.float64(diagonal <= 0)
     scale = xp.sum(diagonal, 1) / ncoef + 1e-300
     gram = gram + eye[None] * (empty[:, None, :] + 1e-12 * scale[:, None, None])
-    rhs = ops.float64(xp.swapaxes(weighted, 1, 2) @ flux[:, :, None])[..., 0]
-    coeffs = ops.solve(gram, rhs)
-    continuum = (prep.basis[None, :, :] @ ops.cast(coeffs)[:, :, None])[..., 0]
+    coeffs = ops.solve(gram, ops.float64((wt * flux) @ prep.basis))
+    continuum = ops.cast(coeffs) @ prep.basis_t
     model = continuum * template
     resid = flux - model
     chi2 = xp.sum(ops.float64(weight * resid * resid), 1)
@@ -301,9 +306,9 @@ def evaluate(prep: Prepared, p: Any, flux: Any, weight: Any, jac: bool = False,
     if not jac:
         return out
     jp = continuum[:, None, :] * shifted[:, 1:]  # (B, 6, N)
-    cross = ops.float64(xp.swapaxes(weighted, 1, 2) @ xp.swapaxes(jp, 1, 2))  # (B, ncoef, 6)
-    projection = ops.cast(ops.solve(gram, cross))
-    jproj = jp - xp.swapaxes(design @ projection, 1, 2)
+    cross = ops.float64((jp * wt[:, None, :]) @ prep.basis)  # (B, 6, ncoef)
+    projection = ops.cast(ops.solve(gram, xp.swapaxes(cross, 1, 2)))  # (B, ncoef, 6)
+    jproj = jp - template[:, None, :] * (xp.swapaxes(projection, 1, 2) @ prep.basis_t)
     wj = jproj * weight[:, None, :]
     out.hessian = ops.float64(wj @ xp.swapaxes(jproj, 1, 2))
     out.gradient = ops.float64(wj @ resid[:, :, None])[..., 0]

@@ -1,7 +1,10 @@
-"""The model's three hot loops compiled by Numba, parallel over spectra (the rest is NumPy, see ops.py).
+"""The model's hot loops compiled by Numba, parallel over spectra (the rest is NumPy, see ops.py).
 
-Each kernel writes one spectrum's rows per iteration of a ``prange``, so the
-answer does not depend on the thread count.
+Each kernel writes one spectrum's rows per iteration of its outer loop, so
+the answer does not depend on the thread count. Every kernel is compiled
+twice, serial and parallel: a parallel region costs a thread-pool wake-up
+(tens of microseconds on an idle machine, milliseconds on a busy one),
+which a batch of a few spectra does not repay.
 """
 
 from __future__ import annotations
@@ -12,25 +15,9 @@ from numba import prange
 from core.backends.numba_threads import jit
 from plugins.spectra.ops import NumpyOps
 
-
-@jit(parallel=True)
-def _interpolate(table, idx, w, dw, channels):  # pragma: no cover - compiled
-    b_count, corners = idx.shape
-    pixels = table.shape[1]
-    out = np.zeros((b_count, channels, pixels))
-    for b in prange(b_count):
-        for c in range(corners):
-            row = idx[b, c]
-            wc = w[b, c]
-            for j in range(pixels):
-                value = table[row, j]
-                out[b, 0, j] += wc * value
-                for k in range(channels - 1):
-                    out[b, 1 + k, j] += dw[b, c, k] * value
-    return out
+PARALLEL_FROM = 4  # spectra: smaller batches run the serial kernels
 
 
-@jit(parallel=True)
 def _interpolate_exp(table, idx, w, dw, derivatives):  # pragma: no cover - compiled
     # per pixel, all 16 corners and 5 channels accumulate in registers; each output is written once
     b_count, corners = idx.shape
@@ -62,61 +49,54 @@ def _interpolate_exp(table, idx, w, dw, derivatives):  # pragma: no cover - comp
     return out
 
 
-@jit(parallel=True)
-def _convolve(x, kernel):  # pragma: no cover - compiled
-    b_count, channels, n = x.shape
+def _broaden_at(x, kernel, j0):  # pragma: no cover - compiled
+    # the rotational convolution evaluated only where the resampling reads it: at j0 and j0 + 1 of
+    # every data pixel (about half the template's pixels), never the whole broadened template
+    b_count, channels, n_template = x.shape
+    n = j0.shape[1]
     width = kernel.shape[1]
     half = width // 2
-    out = np.zeros_like(x)
-    for b in prange(b_count):
-        for ch in range(channels):
-            for j in range(n):
-                acc = 0.0
-                lo = max(0, half - j)
-                hi = min(width, n + half - j)
-                for m in range(lo, hi):
-                    acc += kernel[b, m] * x[b, ch, j + m - half]
-                out[b, ch, j] = acc
-    return out
-
-
-@jit(parallel=True)
-def _gather_pairs(x, j0):  # pragma: no cover - compiled
-    b_count, channels, _ = x.shape
-    n = j0.shape[1]
     left = np.empty((b_count, channels, n))
     right = np.empty((b_count, channels, n))
     for b in prange(b_count):
-        for ch in range(channels):
-            for i in range(n):
-                left[b, ch, i] = x[b, ch, j0[b, i]]
-                right[b, ch, i] = x[b, ch, j0[b, i] + 1]
+        for i in range(n):
+            for side in range(2):
+                j = j0[b, i] + side
+                lo = max(0, half - j)
+                hi = min(width, n_template + half - j)
+                for ch in range(channels):
+                    acc = 0.0
+                    for m in range(lo, hi):
+                        acc += kernel[b, m] * x[b, ch, j + m - half]
+                    if side == 0:
+                        left[b, ch, i] = acc
+                    else:
+                        right[b, ch, i] = acc
     return left, right
 
 
+_SERIAL = {"interpolate_exp": jit()(_interpolate_exp), "broaden_at": jit()(_broaden_at)}
+_PARALLEL = {"interpolate_exp": jit(parallel=True)(_interpolate_exp), "broaden_at": jit(parallel=True)(_broaden_at)}
+
+
+def _kernel(name: str, batch: int):
+    return (_PARALLEL if batch >= PARALLEL_FROM else _SERIAL)[name]
+
+
 class NumbaOps(NumpyOps):
-    """NumPy float64 with Numba's interpolation, convolution and gather."""
+    """NumPy float64 with Numba's fused interpolation and convolve-and-gather."""
 
     name = "numba"
-
-    def interpolate(self, table, idx, w, dw):
-        if dw is None:
-            dw = np.zeros((idx.shape[0], idx.shape[1], 0))
-            channels = 1
-        else:
-            channels = 1 + dw.shape[2]
-        return _interpolate(table, np.ascontiguousarray(idx), np.ascontiguousarray(w, dtype=np.float64),
-                            np.ascontiguousarray(dw, dtype=np.float64), channels)
 
     def interpolate_exp(self, table, idx, w, dw):
         derivatives = dw is not None
         if not derivatives:
             dw = np.zeros((idx.shape[0], idx.shape[1], 4))
-        return _interpolate_exp(table, np.ascontiguousarray(idx), np.ascontiguousarray(w, dtype=np.float64),
-                                np.ascontiguousarray(dw, dtype=np.float64), derivatives)
+        return _kernel("interpolate_exp", idx.shape[0])(
+            table, np.ascontiguousarray(idx), np.ascontiguousarray(w, dtype=np.float64),
+            np.ascontiguousarray(dw, dtype=np.float64), derivatives)
 
-    def convolve(self, x, kernel):
-        return _convolve(np.ascontiguousarray(x, dtype=np.float64), np.ascontiguousarray(kernel, dtype=np.float64))
-
-    def gather_pairs(self, x, j0):
-        return _gather_pairs(np.ascontiguousarray(x, dtype=np.float64), np.ascontiguousarray(j0))
+    def broaden_at(self, x, kernel, j0):
+        return _kernel("broaden_at", x.shape[0])(np.ascontiguousarray(x, dtype=np.float64),
+                                                 np.ascontiguousarray(kernel, dtype=np.float64),
+                                                 np.ascontiguousarray(j0))

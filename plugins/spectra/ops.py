@@ -5,8 +5,8 @@ The model (:mod:`plugins.spectra.model`) and the batched fit
 NumPy, Numba and PyTorch each supply it. Everything elementwise comes from
 ``ops.xp`` (``numpy`` or ``torch``: both spell ``exp``, ``where``,
 ``einsum`` and ``floor`` alike); what the two spell differently, and the
-three hot loops (template interpolation, the rotational convolution, the
-resampling gather), are methods here.
+hot loops (template interpolation, the rotational convolution read at the
+resampled pixels), are methods here.
 """
 
 from __future__ import annotations
@@ -117,6 +117,10 @@ class NumpyOps:
         for m in range(kernel.shape[1]):
             out += kernel[:, m, None, None] * padded[:, :, m : m + n]
         return out
+
+    def broaden_at(self, x, kernel, j0):
+        """The convolution of x with each row's kernel, read at template pixels j0 and j0 + 1 (B, C, N) each."""
+        return self.gather_pairs(self.convolve(x, kernel), j0)
 
     def gather_pairs(self, x: np.ndarray, j0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """x (B, C, P) at pixels j0 and j0 + 1 (B, N) -> two (B, C, N) arrays."""
@@ -229,7 +233,7 @@ class TorchOps(NumpyOps):
 
 
 def numba_ops() -> NumpyOps:
-    """NumPy arithmetic with the three hot loops compiled by Numba, parallel over spectra."""
+    """NumPy arithmetic with the hot loops compiled by Numba, parallel over spectra."""
     from plugins.spectra import numba_kernels
 
     return numba_kernels.NumbaOps()
