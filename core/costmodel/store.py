@@ -33,6 +33,7 @@ import platform
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -231,11 +232,20 @@ def forget() -> None:
     backend_fingerprint.cache_clear()  # a test may have changed NUMBA_NUM_THREADS or CROSSOVER_WORKERS
 
 
+def _outside_core() -> int:
+    """The stack level of the first caller outside crossover's core, so that a warning points at the user's call."""
+    core = str(Path(__file__).resolve().parents[1])
+    frame, level = sys._getframe(2), 2  # _warn's caller, which is stacklevel 2 of the warn in _warn
+    while frame is not None and frame.f_code.co_filename.startswith(core):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _warn(message: str) -> None:
     message = " ".join(message.splitlines())  # names read from a file may hold line breaks: one line still
     if message not in _warned:  # one line per fault, however often the file is re-read
         _warned.add(message)
-        warnings.warn(message, WisdomWarning, stacklevel=4)
+        warnings.warn(message, WisdomWarning, stacklevel=_outside_core())
 
 
 class _Unusable(Exception):
