@@ -19,21 +19,23 @@ from plugins.spectra.synth import clean_flux, synthetic_spectra
 from plugins.spectra.templates import TemplateLibrary
 
 
-def cramer_rao(library: TemplateLibrary, spectra: Any, clean: np.ndarray, degree: int = 3) -> np.ndarray:
+def cramer_rao(library: TemplateLibrary, spectra: Any, clean: np.ndarray, degree: int = 3,
+               ops: Any = None) -> np.ndarray:
     """(B, 6) Cramer-Rao bounds: the inverse Fisher matrix of the model at the truth, continuum marginalised.
 
     With noise-free data at the true parameters the linear continuum solve
     returns the true continuum, and the projected normal matrix is the
     Fisher matrix of p for Gaussian noise of inverse variance ``ivar``.
     """
-    ops = NumpyOps()
+    ops = NumpyOps() if ops is None else ops
     prep = prepare(ops, library, spectra.wave, spectra.arm, degree)
     _, weight = spectra.clean()
     out = np.empty((len(spectra), N_PARAMS))
     for start in range(0, len(spectra), 64):
         sl = slice(start, start + 64)
-        at_truth = evaluate(prep, spectra.truth[sl], clean[sl], weight[sl], jac=True)
-        out[sl] = np.sqrt(np.diagonal(covariance(prep, at_truth.hessian), 0, 1, 2))
+        at_truth = evaluate(prep, ops.asarray(spectra.truth[sl], dtype=ops.float64(ops.asarray(0.0)).dtype),
+                            ops.asarray(clean[sl]), ops.asarray(weight[sl]), jac=True)
+        out[sl] = np.sqrt(np.diagonal(ops.to_numpy(covariance(prep, at_truth.hessian)), 0, 1, 2))
     return out
 
 
@@ -42,7 +44,7 @@ def accuracy_run(library: TemplateLibrary, n: int, snr: float, ops: Any, *, seed
     """Fit ``n`` synthetic spectra at ``snr``; the statistics of the issue's acceptance list."""
     spectra = synthetic_spectra(library, n, snr=snr, degree=degree, seed=seed)
     out = fit_batch(spectra, library, ops, method=method, degree=degree, max_iter=max_iter)
-    crb = cramer_rao(library, spectra, clean_flux(library, spectra, degree, seed), degree)
+    crb = cramer_rao(library, spectra, clean_flux(library, spectra, degree, seed), degree, ops)
     return summarize(spectra.truth, out, crb)
 
 
