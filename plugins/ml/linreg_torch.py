@@ -135,6 +135,7 @@ class _CapturedRun:
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
+            self.counter.zero_()  # in the graph: every replay writes losses[0], losses[1], ...
             run_epochs(step, self.x, self.y, self.state, self.scalars, self.losses, self.counter)
 
 
@@ -153,10 +154,9 @@ def _solve_graph(problem: LinRegProblem, device: Any) -> dict[str, np.ndarray]:
     run = _captured[key]
     for buffer, values in ((run.x, X), (run.y, y)):  # the padding of the captured buffers stays NaN
         buffer.view(-1)[:len(values)].copy_(torch.from_numpy(values.astype(np.float32)))
-    state, scalars, _, counter = _initial(problem, device)
+    state, scalars, _, _ = _initial(problem, device)
     run.state.copy_(state)
     run.scalars.copy_(scalars)
-    run.counter.copy_(counter)
     run.graph.replay()
     torch.cuda.current_stream().synchronize()
     return _finish(problem, run.state, run.losses)
