@@ -66,38 +66,47 @@ def run_once(spectra: Spectra, grid: str, backend: str) -> tuple[float, dict]:
 def measure(backend: str, all_spectra: Spectra, grid: str, batches: list[int], max_seconds: float,
             log) -> list[dict]:
     rows: list[dict] = []
-    run_once(all_spectra.rows(0, min(64, len(all_spectra))), grid, backend)  # warm-up: every one-off paid here
+    # warm-up: every one-off paid here (64 spectra for the pool, so that every worker loads the library)
+    run_once(all_spectra.rows(0, min(64 if backend == "process" else 8, len(all_spectra))), grid, backend)
     previous = None
     for batch in batches:
-        if previous is not None and previous["seconds"] * batch / previous["batch"] > max_seconds:
-            predicted = previous["seconds"] * batch / previous["batch"]
+        predicted = None if previous is None else previous["seconds"] * batch / previous["batch"]
+        if predicted is not None and predicted > max_seconds:
             rows.append({"batch": batch, "skipped": f"predicted {predicted:.0f} s"})
             log(f"{backend:8s} batch {batch:5d}: skipped ({rows[-1]['skipped']})")
             continue
-        repeats = 3 if batch <= 64 else 1
-        peak = None
-        if backend == "torch":
-            import torch
-
-            torch.cuda.reset_peak_memory_stats()
-        seconds = []
-        for _ in range(repeats):
-            elapsed, outputs = run_once(all_spectra.rows(0, batch), grid, backend)
-            seconds.append(elapsed)
-        if backend == "torch":
-            peak = float(torch.cuda.max_memory_allocated())
-        median = float(np.median(seconds))
-        row = {"batch": batch, "seconds": median, "spectra_per_second": batch / median,
-               "success": float(np.mean(outputs["SUCCESS"])), "mean_iterations": float(np.mean(outputs["ITERATIONS"])),
-               "model_bytes": work.batch_bytes(batch, all_spectra.n_pixels, named_library(grid).nodes, backend)}
-        if peak is not None:
-            row["peak_gpu_bytes"] = peak
+        repeats = 3 if predicted is None or predicted < 2.0 else 1
+        try:
+            row = time_batch(backend, all_spectra, grid, batch, repeats)
+        except Exception as exc:  # an out-of-memory or a failed solve is a finding, not the end of the run
+            rows.append({"batch": batch, "skipped": f"{type(exc).__name__}: {str(exc)[:200]}"})
+            log(f"{backend:8s} batch {batch:5d}: FAILED {rows[-1]['skipped']}")
+            break
         rows.append(row)
         previous = row
+        peak = row.get("peak_gpu_bytes")
         log(f"{backend:8s} batch {batch:5d}: {row['seconds']:.3f} s, {row['spectra_per_second']:.1f} spectra/s, "
             f"success {row['success']:.3f}, {row['mean_iterations']:.1f} iterations"
             + (f", peak GPU {peak / 2**30:.2f} GiB (model {row['model_bytes'] / 2**30:.2f})" if peak else ""))
     return rows
+
+
+def time_batch(backend: str, all_spectra: Spectra, grid: str, batch: int, repeats: int) -> dict:
+    if backend == "torch":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+    seconds = []
+    for _ in range(repeats):
+        elapsed, outputs = run_once(all_spectra.rows(0, batch), grid, backend)
+        seconds.append(elapsed)
+    median = float(np.median(seconds))
+    row = {"batch": batch, "seconds": median, "spectra_per_second": batch / median, "repeats": repeats,
+           "success": float(np.mean(outputs["SUCCESS"])), "mean_iterations": float(np.mean(outputs["ITERATIONS"])),
+           "model_bytes": work.batch_bytes(batch, all_spectra.n_pixels, named_library(grid).nodes, backend)}
+    if backend == "torch":
+        row["peak_gpu_bytes"] = float(torch.cuda.max_memory_allocated())
+    return row
 
 
 def crossover(results: dict, fast: str, slow: str) -> int | None:
@@ -113,7 +122,7 @@ def markdown(payload: dict) -> str:
     backends = list(payload["results"])
     lines = [f"Machine: {payload['machine']}; grid {payload['grid']} ({payload['nodes']} nodes), "
              f"{payload['pixels']} pixels in 3 arms, S/N {payload['snr']:g}; spectra per second "
-             "(median of 3 calls up to batch 64, one call above).", "",
+             "(median of 3 calls where one takes under 2 s, else one call).", "",
              "| batch | " + " | ".join(backends) + " |", "|---:|" + "---:|" * len(backends)]
     batches = sorted({r["batch"] for rows in payload["results"].values() for r in rows})
     for n in batches:
@@ -135,9 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid", default="realistic")
     parser.add_argument("--snr", type=float, default=20.0)
     parser.add_argument("--max-seconds", type=float, default=60.0)
+    parser.add_argument("--limit", action="append", default=[],
+                        help="BACKEND=N: measure that backend up to N spectra only (e.g. numpy=8)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
+    limits = {name: int(n) for name, n in (item.split("=") for item in args.limit)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -154,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         if not status.available:
             log(f"{backend}: unavailable ({status.reason})")
             continue
-        results[backend] = measure(backend, spectra, args.grid, batches, args.max_seconds, log)
+        mine = [b for b in batches if b <= limits.get(backend, max(batches))]
+        results[backend] = measure(backend, spectra, args.grid, mine, args.max_seconds, log)
     payload = {"machine": machine(), "grid": args.grid, "nodes": library.nodes, "pixels": spectra.n_pixels,
                "snr": args.snr, "cpus": os.cpu_count(), "python": sys.version.split()[0], "results": results,
                "crossover_torch_over_process": crossover(results, "torch", "process")}
