@@ -84,16 +84,27 @@ def start_caller(tmp_path: Path, body: str) -> tuple[subprocess.Popen, str]:
     script.write_text(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\n" + textwrap.dedent(body))
     env = {**os.environ, MARKER: marker, "PYTHONUNBUFFERED": "1"}
     env.pop("CROSSOVER_TASK_TIMEOUT", None)
-    caller = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    # output to files, not pipes: orphaned workers would hold a pipe open, and reading it would hang the test
+    with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as err:
+        caller = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, stdout=out, stderr=err)
     return caller, marker
+
+
+def finish(caller: subprocess.Popen, tmp_path: Path, seconds: float = 120) -> tuple[str, str]:
+    """Wait for the caller to exit (kill it after ``seconds``); its stdout and stderr."""
+    try:
+        caller.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        caller.kill()
+        caller.wait()
+    return (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
 
 
 def wait_for_file(path: Path, caller: subprocess.Popen, seconds: float = 60.0) -> None:
     deadline = time.monotonic() + seconds
     while not path.exists():
         if caller.poll() is not None:
-            raise AssertionError(f"the caller exited early: {caller.communicate()}")
+            raise AssertionError(f"the caller exited early: {(path.parent / 'stderr').read_text()}")
         assert time.monotonic() < deadline, f"{path.name} never appeared"
         time.sleep(0.05)
 
@@ -129,7 +140,7 @@ def test_caller_death_leaves_no_pool_process(tmp_path, pool, kill):
     blocks = (tmp_path / "started").read_text().split() if task == "report_blocks_then_hang" else []
     assert all(Path("/dev/shm", name).exists() for name in blocks)
     caller.send_signal(kill)
-    caller.communicate()
+    caller.wait()
     assert gone_within(marker, DEADLINE) == []
     # the resource tracker unlinks what the dead caller left registered (the map's inputs and markers)
     assert len(blocks) in (0, 2) and not any(Path("/dev/shm", name).exists() for name in blocks)
@@ -146,11 +157,7 @@ def test_ctrl_c_with_a_hung_task_exits_quickly(tmp_path):
     wait_for_file(tmp_path / "started", caller)
     interrupted = time.monotonic()
     caller.send_signal(signal.SIGINT)  # the caller only, not its process group
-    try:
-        _, stderr = caller.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        caller.kill()
-        raise AssertionError("Ctrl-C did not end the caller within 30 s") from None
+    _, stderr = finish(caller, tmp_path, seconds=30)
     assert time.monotonic() - interrupted < DEADLINE
     assert caller.returncode != 0 and "KeyboardInterrupt" in stderr
     assert gone_within(marker, DEADLINE) == []
@@ -298,12 +305,12 @@ UNGUARDED = """
 def test_main_script_functions_and_the_guard(tmp_path):
     """Workers import a guarded script only for its functions and never rerun an unguarded one."""
     guarded, _ = start_caller(tmp_path, GUARDED)
-    out, err = guarded.communicate(timeout=120)
+    out, err = finish(guarded, tmp_path)
     assert guarded.returncode == 0, err
     # printed once per worker that imported the script, never by the workers' start itself
     assert out.splitlines()[-1] == "[2, 4, 6]" and 2 <= out.count("top level ran") <= 3
     unguarded, _ = start_caller(tmp_path, UNGUARDED)
-    out, err = unguarded.communicate(timeout=120)
+    out, err = finish(unguarded, tmp_path)
     assert out.splitlines() == ["top level ran", "[4, 9]"]  # the script ran once: in the caller
     assert "bootstrapping phase" not in err
     last = err.strip().splitlines()[-1]

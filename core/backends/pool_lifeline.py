@@ -26,7 +26,6 @@ tracker (which lives while anyone holds its pipe). So:
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import signal
 import sys
@@ -55,15 +54,16 @@ def hold_on(lifeline: Connection) -> None:
     if server is not None:
         _die_with_parent()  # before the alive pipe is closed: until then the forkserver cannot exit
         _leave(server)
-    threading.Thread(target=_exit_when_cut, args=(lifeline.fileno(),), name="crossover-lifeline",
-                     daemon=True).start()
+    # the thread holds the connection: it must not be collected, which would close it
+    threading.Thread(target=_exit_when_cut, args=(lifeline,), name="crossover-lifeline", daemon=True).start()
 
 
-def _exit_when_cut(fd: int) -> None:
+def _exit_when_cut(lifeline: Connection) -> None:
+    """Block until the caller's end of the lifeline closes (nothing is ever sent), then exit."""
     try:
-        while os.read(fd, 1):  # nothing is ever written: this returns only at end of file
-            pass
-    except OSError:
+        while True:
+            lifeline.recv_bytes()
+    except (EOFError, OSError):
         pass
     os._exit(ORPHAN_EXIT_CODE)
 
@@ -94,7 +94,7 @@ def _die_with_parent() -> None:
     if not sys.platform.startswith("linux"):
         return
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)  # this process's own symbols, libc's among them
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
