@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import core
 from core.costmodel import history
@@ -560,3 +562,55 @@ def test_timings_of_this_process_survive_another_configurations_write(empty_cach
     written = json.loads((empty_cache / "wisdom.json").read_text())
     assert written["solvers"]["faults.all"]["backends"]["numba:fused"]["calibration"] == [GOOD_RECORD]  # ours
     assert written["backends"]["numba"]["fingerprint"] == wisdom.backend_fingerprint("numba")
+
+
+# -- any shape: random values anywhere in a valid document ---------------------------------
+
+KEPT = dataclasses.replace(TINY, name="faults.kept", implementations={"numpy": _total})
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**30, 10**30) | st.floats() | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8)
+
+
+def _replace_somewhere(document: dict, draw) -> str:
+    """Replace one value at a random depth of ``document`` with a random JSON value; return where."""
+    node, where = document, "document"
+    while True:
+        keys = list(node) if isinstance(node, dict) else list(range(len(node)))
+        key = draw(st.sampled_from(keys))
+        child = node[key]
+        if isinstance(child, (dict, list)) and child and draw(st.booleans()):
+            node, where = child, f"{where}[{key!r}]"
+            continue
+        node[key] = draw(JSON_VALUES)
+        return f"{where}[{key!r}]"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_malformed_value_anywhere_is_dropped_or_set_aside(data, fresh_registry, tmp_path_factory):
+    document = valid_document()
+    document["backends"]["spare"] = {"fingerprint": wisdom.backend_fingerprint("spare"), "start_observations": [0.1]}
+    document["solvers"]["faults.kept"]["backends"]["spare"] = json.loads(json.dumps(  # a copy: it gets mutated
+        {"calibration": [GOOD_RECORD], "history": [GOOD_RECORD]}))
+    where = _replace_somewhere(document, data.draw)
+    cache = tmp_path_factory.mktemp("fuzz")
+    (cache / "wisdom.json").write_text(json.dumps(document))
+    os.environ["CROSSOVER_CACHE_DIR"] = str(cache)
+    history.forget()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = history.stored()
+        for implementation in ("numpy", "spare"):
+            history.samples(KEPT, implementation)
+            history.model(KEPT, implementation)  # what plan and solve use: must work on what was kept
+            history.backend_one_off(implementation)
+        history.record_start("numpy", 0.25)  # and the store still takes writes
+    assert len([w for w in caught if issubclass(w.category, wisdom.WisdomWarning)]) <= 1, where
+    assert loaded["format"] == wisdom.FORMAT
+    for entry in loaded["solvers"].values():
+        for slot in entry["backends"].values():
+            for record in slot.get("calibration", []) + slot.get("history", []):
+                assert record["seconds"] >= 0 and all(v >= 0 for v in record["features"].values()), where
+    assert json.loads((cache / "wisdom.json").read_text())["format"] == wisdom.FORMAT

@@ -176,17 +176,27 @@ def _generic_print() -> dict[str, Any]:
 
 
 @lru_cache(maxsize=1)
-def host_fingerprint() -> dict[str, Any]:
-    """What must match for any stored timing to be valid here."""
-    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "usable_cores": _usable_cores(),
-            "machine": platform.machine(), "python": platform.python_version(), "crossover": _version("crossover")}
+def _host_text() -> str:
+    return json.dumps({"cpu": _cpu_model(), "cores": os.cpu_count(), "usable_cores": _usable_cores(),
+                       "machine": platform.machine(), "python": platform.python_version(),
+                       "crossover": _version("crossover")})
 
 
 @cache
+def _backend_text(backend: str) -> str:
+    return json.dumps(_BACKEND_PRINTS.get(backend, _generic_print)())
+
+
+# the fingerprints are cached as JSON text and returned as fresh objects: a document that holds one may be
+# changed in place, and the cache must not change with it; JSON also compares equal to what a file gives back
+def host_fingerprint() -> dict[str, Any]:
+    """What must match for any stored timing to be valid here."""
+    return json.loads(_host_text())
+
+
 def backend_fingerprint(backend: str) -> dict[str, Any]:
     """What must match, beyond the host, for one backend's stored timings (computed on first need)."""
-    # through JSON, so that it compares equal to what a file gives back (lists, not tuples)
-    return json.loads(json.dumps(_BACKEND_PRINTS.get(backend, _generic_print)()))
+    return json.loads(_backend_text(backend))
 
 
 def fingerprint() -> dict[str, Any]:
@@ -229,7 +239,7 @@ def forget() -> None:
     global _state
     _state = None
     _warned.clear()
-    backend_fingerprint.cache_clear()  # a test may have changed NUMBA_NUM_THREADS or CROSSOVER_WORKERS
+    _backend_text.cache_clear()  # a test may have changed NUMBA_NUM_THREADS or CROSSOVER_WORKERS
 
 
 def _outside_core() -> int:
@@ -348,8 +358,8 @@ def _record_fault(record: Any) -> str:
     if not isinstance(record, dict):
         return f"is a {type(record).__name__}"
     features = record.get("features")
-    if not isinstance(features, dict) or not all(_is_number(v) for v in features.values()):
-        return "has features that are not finite numbers"
+    if not isinstance(features, dict) or not all(_is_time(v) for v in features.values()):
+        return "has features that are not finite numbers >= 0"  # what check_spec asks of a solver's features
     if not _is_time(record.get("seconds")):
         return f"has seconds={str(record.get('seconds'))[:20]}"
     if "size" in record and not _is_number(record["size"]):
