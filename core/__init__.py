@@ -20,6 +20,7 @@ from core.errors import (
     PluginWarning,
     ProblemError,
     TaskFailedError,
+    TaskTimeoutError,
     TooLongError,
     UnknownBackendError,
     UnknownSolverError,
@@ -37,7 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Availability", "AutoSelectionError", "Backend", "BackendStatus", "BackendUnavailableError",
     "CrossoverError", "DuplicateSolverError", "Plan", "PluginError", "PluginWarning", "Prediction",
-    "ProblemError", "Result", "SolverSpec", "TaskFailedError", "UnknownBackendError",
+    "ProblemError", "Result", "SolverSpec", "TaskFailedError", "TaskTimeoutError", "UnknownBackendError",
     "UnknownSolverError", "WorkerCrashedError", "availability", "backends", "hookimpl",
     "make_problem", "register", "solve", "solvers", "unregister", "__version__",
     "calibrate", "evaluate", "plan", "sweep", "SweepPoint", "SizeSpace", "lazy", "NotEnoughMemoryError",
