@@ -468,7 +468,8 @@ READ_BACK = textwrap.dedent("""
         data = history.stored()
         history.record_start("numpy", 0.125)  # a write: what is on disk now follows this configuration
     entry = data["solvers"].get("faults.all", {"backends": {}})
-    print(json.dumps({"implementations": sorted(entry["backends"]),
+    print(json.dumps({"implementations": sorted(k for k, slot in entry["backends"].items() if "calibration" in slot),
+                      "set_aside": sorted(k for k, slot in entry["backends"].items() if "set_aside" in slot),
                       "starts": sorted(b for b, s in data["backends"].items() if "start_seconds" in s),
                       "warnings": [str(w.message) for w in caught if issubclass(w.category, wisdom.WisdomWarning)]}))
 """)
@@ -490,12 +491,14 @@ def test_changing_numba_threads_keeps_the_other_backends_timings(tmp_path):
     _in_process_with(cache, WRITE_EVERY_BACKEND, NUMBA_NUM_THREADS="1")
     changed = _in_process_with(cache, READ_BACK, NUMBA_NUM_THREADS="2")
     assert changed["implementations"] == ["numpy", "process", "torch", "torch:eager"]
+    assert changed["set_aside"] == ["numba", "numba:fused"]  # marked, so that auto-selection measures them again
     assert changed["starts"] == ["numpy", "process", "torch"]
     assert len(changed["warnings"]) == 1
     message = changed["warnings"][0]
     assert "NUMBA_NUM_THREADS '1' -> '2'" in message and "set aside the timings of numba " in message
     assert "kept those of numpy, process, torch" in message
-    # back to one thread: numba's timings are gone (they were set aside), the rest still kept, nothing to warn
+    # back to one thread: numba's timings are gone (they were set aside), the rest still kept; no timing was
+    # lost this time (only the marks), so nothing to warn about
     again = _in_process_with(cache, READ_BACK, NUMBA_NUM_THREADS="1")
     assert again == dict(changed, warnings=[])
 
@@ -512,9 +515,11 @@ def test_installing_torch_sets_aside_only_torch(empty_cache):
     (empty_cache / "wisdom.json").write_text(json.dumps(document))
     history.forget()
     with pytest.warns(wisdom.WisdomWarning, match=r"torch: torch 'absent' -> .*set aside the timings of torch "
-                                                  r"\(calibrated again when next needed\), kept those of numba, numpy"):
+                                                  r"\(measured again .*\), kept those of numba, numpy"):
         data = wisdom.load()
-    assert sorted(data["solvers"]["faults.all"]["backends"]) == ["numba:fused", "numpy"]
+    assert data["solvers"]["faults.all"]["backends"]["torch:eager"] == {"set_aside": "torch 'absent' -> "
+                                                                          f"'{wisdom.backend_fingerprint('torch')['torch']}'"}
+    assert all("calibration" in data["solvers"]["faults.all"]["backends"][key] for key in ("numba:fused", "numpy"))
 
 
 def test_fingerprint_does_not_import_torch(tmp_path):
@@ -614,3 +619,25 @@ def test_any_malformed_value_anywhere_is_dropped_or_set_aside(data, fresh_regist
             for record in slot.get("calibration", []) + slot.get("history", []):
                 assert record["seconds"] >= 0 and all(v >= 0 for v in record["features"].values()), where
     assert json.loads((cache / "wisdom.json").read_text())["format"] == wisdom.FORMAT
+
+
+def test_auto_selection_measures_again_only_what_was_set_aside(empty_cache, fresh_registry, caplog):
+    install_tiny()
+    core.calibrate(["faults.tiny"], budget=2.0)
+    path = empty_cache / "wisdom.json"
+    document = json.loads(path.read_text())
+    numpy_before = document["solvers"]["faults.tiny"]["backends"]["numpy"]["calibration"]
+    document["backends"]["spare"]["fingerprint"]["gpus"] = ["A GPU since removed"]
+    path.write_text(json.dumps(document))
+    history.forget()
+    with pytest.warns(wisdom.WisdomWarning, match=r"gpus \"\['A GPU since removed'\]\" -> '\[\]'.*set aside the "
+                                                  r"timings of spare"):
+        core.solve(TinyProblem(500), solver="faults.tiny")
+    assert "measuring spare again" in caplog.text
+    assert history.model(TINY, "spare") is not None
+    after = json.loads(path.read_text())["solvers"]["faults.tiny"]["backends"]
+    assert after["numpy"]["calibration"] == numpy_before  # kept, not measured again
+    assert "set_aside" not in after["spare"] and after["spare"]["calibration"]
+    history.forget()
+    core.solve(TinyProblem(500), solver="faults.tiny")  # a later process: nothing left to measure again
+    assert caplog.text.count("measuring spare again") == 1

@@ -241,6 +241,11 @@ def _calibrate_or_blame(spec: SolverSpec, **options: Any) -> SolverCalibration:
 def ensure_calibrated(spec: SolverSpec) -> None:
     """Run one quick calibration for a solver never calibrated on this machine, and say so."""
     if any(history.model(spec, key) is not None for key in implementations(spec)):
+        again = [key for key in history.take_set_aside(spec) if key in runnable_implementations(spec)]
+        if again:  # a configuration change set these aside (wisdom store): measure them alone
+            log.warning("solver %s: measuring %s again (quick), their configuration changed", spec.name,
+                        ", ".join(again))
+            calibrate_solver(spec, quick=True, backends=again)
         return
     log.warning("solver %s has never been calibrated on this machine: running one quick calibration "
                 "(at most %g s; `crossover calibrate` does it ahead of time)", spec.name, QUICK["budget"])

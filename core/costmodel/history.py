@@ -48,6 +48,7 @@ _started: set[str] = set()
 _calls: dict[str, int] = {}
 _measured: dict[tuple[str, tuple], dict[str, float]] = {}
 _warned: set[tuple[str, str, tuple]] = set()
+_retaken: set[tuple[str, str]] = set()  # set-aside implementations already handed out for measuring
 _pending: list[tuple[str, str, str, dict[str, Any]]] = []
 _last_flush = 0.0
 _disabled = False
@@ -85,6 +86,7 @@ def forget() -> None:
         _calls.clear()
         _measured.clear()
         _warned.clear()
+        _retaken.clear()
         _pending.clear()
 
 
@@ -93,6 +95,21 @@ def _entry(spec: SolverSpec, implementation: str) -> dict[str, Any] | None:
     if entry is None or entry.get("version") != spec.version:
         return None
     return entry["backends"].get(implementation)
+
+
+def take_set_aside(spec: SolverSpec) -> list[str]:
+    """Implementations of ``spec`` whose timings a configuration change set aside, to measure again.
+
+    Each is returned once per process, so a measurement that fails is not retried on every call.
+    """
+    entry = stored()["solvers"].get(spec.name)
+    if entry is None or entry.get("version") != spec.version:
+        return []
+    with _lock:
+        found = [key for key, slot in entry["backends"].items()
+                 if store.SET_ASIDE in slot and not slot.get("calibration") and (spec.name, key) not in _retaken]
+        _retaken.update((spec.name, key) for key in found)
+    return found
 
 
 def samples(spec: SolverSpec, implementation: str) -> list[Sample]:
@@ -263,6 +280,7 @@ def record_calibration(spec: SolverSpec, implementation: str, records: list[dict
     def change(data: dict[str, Any]) -> None:
         entry = store.solver_entry(data, spec.name, spec.version)
         slot = entry["backends"].setdefault(implementation, {})
+        slot.pop(store.SET_ASIDE, None)  # measured again under this configuration
         slot["calibration"] = records
         slot["calibrated_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         slot["details"] = dict(details)

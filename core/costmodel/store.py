@@ -456,21 +456,36 @@ def _implementations(data: dict[str, Any], which: Callable[[str], bool]) -> list
             for implementation in entry["backends"] if which(_backend_of(implementation))]
 
 
+SET_ASIDE = "set_aside"  # an implementation entry holding only this key: its timings were set aside, measure again
+
+
+def _has_timings(data: dict[str, Any], backend: str) -> bool:
+    slots = [data["solvers"][solver]["backends"][key] for solver, key in _implementations(data, backend.__eq__)]
+    return "start_seconds" in data["backends"][backend] or any(set(slot) != {SET_ASIDE} for slot in slots)
+
+
 def _drop_stale_backends(data: dict[str, Any], path: Path) -> set[str]:
-    """Set aside the timings of each backend whose fingerprint changed, naming the fields; return those backends."""
+    """Set aside the timings of each backend whose fingerprint changed, naming the fields; return those backends.
+
+    Each implementation entry of such a backend is replaced by a marker saying why, so that the next
+    auto-selection, in this process or a later one, knows to measure it again (an empty entry would
+    look like one never calibrated).
+    """
     changes = {name: _changes(section["fingerprint"], backend_fingerprint(name))
                for name, section in data["backends"].items()}
     stale = {name for name, change in changes.items() if change}
-    if not stale:
-        return stale
+    lost = sorted(name for name in stale if _has_timings(data, name))  # only markers: nothing to warn about
     for solver, implementation in _implementations(data, stale.__contains__):
-        del data["solvers"][solver]["backends"][implementation]
+        slot = data["solvers"][solver]["backends"][implementation]
+        reason = slot.get(SET_ASIDE) if set(slot) == {SET_ASIDE} else changes[_backend_of(implementation)]
+        data["solvers"][solver]["backends"][implementation] = {SET_ASIDE: reason}
     for name in stale:
         del data["backends"][name]
-    kept = ", ".join(sorted(data["backends"])) or "none"
-    what = "; ".join(f"{name}: {changes[name]}" for name in sorted(stale))
-    _warn(f"wisdom file {path}: the configuration changed ({what}); set aside the timings of "
-          f"{', '.join(sorted(stale))} (calibrated again when next needed), kept those of {kept}")
+    if lost:
+        kept = ", ".join(sorted(data["backends"])) or "none"
+        what = "; ".join(f"{name}: {changes[name]}" for name in lost)
+        _warn(f"wisdom file {path}: the configuration changed ({what}); set aside the timings of {', '.join(lost)} "
+              f"(measured again by the next auto-selection or `crossover calibrate`), kept those of {kept}")
     return stale
 
 
