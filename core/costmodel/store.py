@@ -53,6 +53,7 @@ TEMP_PREFIX = ".wisdom-"  # a temporary file is .wisdom-<pid>-<random>.tmp
 STALE_TEMP_SECONDS = 600.0  # a temporary file this old is abandoned even if its pid now names a live process
 LOCK_TIMEOUT = 30.0  # a lock held longer than this belongs to a hung process: go on without the file
 MAX_LISTED = 3  # faults named in one warning line
+SET_ASIDE = "set_aside"  # an implementation entry holding only this key: its timings were set aside, measure again
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _OPEN_FLAGS = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -456,9 +457,6 @@ def _implementations(data: dict[str, Any], which: Callable[[str], bool]) -> list
             for implementation in entry["backends"] if which(_backend_of(implementation))]
 
 
-SET_ASIDE = "set_aside"  # an implementation entry holding only this key: its timings were set aside, measure again
-
-
 def _has_timings(data: dict[str, Any], backend: str) -> bool:
     slots = [data["solvers"][solver]["backends"][key] for solver, key in _implementations(data, backend.__eq__)]
     return "start_seconds" in data["backends"][backend] or any(set(slot) != {SET_ASIDE} for slot in slots)
@@ -644,7 +642,9 @@ def load() -> dict[str, Any]:
             return state.memory
         if _is_symlink(state.path):  # before the lock is created: a refused store touches nothing
             raise _Unusable(f"{state.path} is a symbolic link (refused: it could point anywhere)")
-        with _locked(state.path, required=False):
+        # no lock file is created just to find that there is nothing to read
+        exists = os.path.lexists(state.path)
+        with _locked(state.path, required=False) if exists else contextlib.nullcontext():
             _sweep_temporaries(state.path.parent)
             state.memory = _read(state)
     except _Unusable as exc:
