@@ -306,7 +306,7 @@ def test_main_script_functions_and_the_guard(tmp_path):
     """Workers import a guarded script only for its functions and never rerun an unguarded one."""
     guarded, _ = start_caller(tmp_path, GUARDED)
     out, err = finish(guarded, tmp_path)
-    assert guarded.returncode == 0, err
+    assert guarded.returncode == 0, f"exit status {guarded.returncode}\nstdout:\n{out}\nstderr:\n{err}"
     # printed once per worker that imported the script, never by the workers' start itself
     assert out.splitlines()[-1] == "[2, 4, 6]" and 2 <= out.count("top level ran") <= 3
     unguarded, _ = start_caller(tmp_path, UNGUARDED)

@@ -122,12 +122,26 @@ def _kill_workers() -> None:
     executor, _executor, _started = _executor, None, None
     if executor is None:
         return
-    processes = list((getattr(executor, "_processes", None) or {}).values())
+    processes = _processes_of(executor)
     for process in processes:
         process.kill()  # SIGKILL: a hung task may ignore anything milder, and it owns nothing to clean up
-    # the executor sees its workers gone and fails their futures; wait until they are, without reaping them
-    executor.shutdown(wait=False, cancel_futures=True)
+    executor.shutdown(wait=False, cancel_futures=True)  # the executor sees them gone and fails their futures
     _all_exited(processes, _GRACE_SECONDS)
+
+
+def _shutdown_at_exit() -> None:
+    """At exit: let running tasks finish for a short grace, then kill their workers (never wait for a hung one)."""
+    if _executor is None:
+        return
+    processes = _processes_of(_executor)
+    _executor.shutdown(wait=False, cancel_futures=True)
+    if not _all_exited(processes, _GRACE_SECONDS):
+        _kill_workers()
+
+
+def _processes_of(executor: ProcessPoolExecutor) -> list:
+    # the executor's own table of its workers (private; Python 3.14 adds a public kill_workers)
+    return list((getattr(executor, "_processes", None) or {}).values())
 
 
 def _all_exited(processes: list, seconds: float) -> bool:
@@ -138,20 +152,6 @@ def _all_exited(processes: list, seconds: float) -> bool:
         ready = wait_for_sentinels(pending, timeout=left)  # returns as soon as any one is ready
         pending = [sentinel for sentinel in pending if sentinel not in ready]
     return not pending
-
-
-def _shutdown_at_exit() -> None:
-    """At exit: let running tasks finish for a short grace, then kill their workers (never wait for a hung one)."""
-    global _executor, _started
-    executor = _executor
-    if executor is None:
-        return
-    processes = list((getattr(executor, "_processes", None) or {}).values())
-    executor.shutdown(wait=False, cancel_futures=True)
-    if not _all_exited(processes, _GRACE_SECONDS):
-        for process in processes:
-            process.kill()
-    _executor = _started = None
 
 
 def start_pool(workers: int | None = None) -> None:
