@@ -658,6 +658,16 @@ def _json_value(value: Any) -> Any:
     return item() if callable(item) else str(value)
 
 
+def _sync_directory(directory: Path) -> None:
+    """Make the rename itself durable (where directories can be opened: not on Windows)."""
+    with contextlib.suppress(OSError):
+        descriptor = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
 def _write(path: Path, data: dict[str, Any]) -> None:
     try:
         descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f"{TEMP_PREFIX}{os.getpid()}-",
@@ -670,6 +680,7 @@ def _write(path: Path, data: dict[str, Any]) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)
+        _sync_directory(path.parent)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
