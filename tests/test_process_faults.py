@@ -200,6 +200,16 @@ def test_a_timeout_is_refused_where_it_cannot_be_enforced(fresh_registry):
         core.sweep(sweep_targets.square, {"x": [1, 2]}, backend="numpy", timeout=1)
 
 
+def test_the_variables_default_is_a_warning_where_it_cannot_be_enforced(fresh_registry, monkeypatch):
+    import fake_parallel
+
+    fake_parallel.register()
+    monkeypatch.setenv("CROSSOVER_TASK_TIMEOUT", "5")
+    with pytest.warns(RuntimeWarning, match=r"^CROSSOVER_TASK_TIMEOUT=5 is not enforced on backend 'fake': its map "
+                                            r"cannot stop a task$"):
+        assert tasks.map_tasks(pt.square_after_sleep, [(1, 0), (2, 0)], backend="fake") == [1, 4]
+
+
 @pytest.mark.parametrize("value", ["abc", "0", "-3", "nan", "inf", "1s"])
 def test_unreadable_timeout_variable_is_one_clear_line(monkeypatch, value):
     monkeypatch.setenv("CROSSOVER_TASK_TIMEOUT", value)
