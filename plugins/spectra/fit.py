@@ -228,18 +228,15 @@ def reference_fit(prep: Prepared, flux: np.ndarray, weight: np.ndarray, p0: np.n
 # -- errors, flags and the output columns -------------------------------------------------------
 
 
-def usable(prep: Prepared, flux: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def usable(arm_pixels: np.ndarray, signal: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(fit this spectrum?, flags) from the data alone: no data, zero signal, a missing arm."""
-    pixels = (weight > 0).sum(axis=1)
-    signal = (weight * flux * flux).sum(axis=1)
-    flags = np.zeros(len(flux), dtype=np.int32)
-    flags[(pixels < MIN_PIXELS) | ~(signal > 0)] |= NO_DATA
-    for start, stop in prep.arm_slices:
-        flags[(weight[:, start:stop] > 0).sum(axis=1) == 0] |= MISSING_ARM
+    flags = np.zeros(len(signal), dtype=np.int32)
+    flags[(arm_pixels.sum(axis=1) < MIN_PIXELS) | ~(signal > 0)] |= NO_DATA
+    flags[(arm_pixels == 0).any(axis=1)] |= MISSING_ARM
     return (flags & NO_DATA) == 0, flags
 
 
-def finish(prep: Prepared, result: dict[str, Any], weight: np.ndarray, flags: np.ndarray,
+def finish(prep: Prepared, result: dict[str, Any], npix: np.ndarray, flags: np.ndarray,
            fitted: np.ndarray, ncoef_used: np.ndarray) -> dict[str, np.ndarray]:
     """The output columns for every spectrum (NaN where not fitted), with errors and flags."""
     ops = prep.ops
@@ -265,11 +262,11 @@ def finish(prep: Prepared, result: dict[str, Any], weight: np.ndarray, flags: np
         flags[rows[~np.asarray(result["converged"], dtype=bool)]] |= NOT_CONVERGED
         sigma_v = errors[rows, 0]
         flags[rows[~np.isfinite(sigma_v) | (sigma_v > 100.0)]] |= UNCONSTRAINED
-    dof = (weight > 0).sum(axis=1) - N_PARAMS - ncoef_used
+    dof = npix - N_PARAMS - ncoef_used
     out = {name.upper(): values[:, i] for i, name in enumerate(PARAM_NAMES)}
     out.update({f"{name.upper()}_ERR": errors[:, i] for i, name in enumerate(PARAM_NAMES)})
     out["VRAD"], out["VRAD_ERR"] = out.pop("V"), out.pop("V_ERR")
-    out.update(CHISQ=chi2, RCHISQ=chi2 / np.maximum(dof, 1), NPIX=(weight > 0).sum(axis=1), ITERATIONS=iterations,
+    out.update(CHISQ=chi2, RCHISQ=chi2 / np.maximum(dof, 1), NPIX=npix, ITERATIONS=iterations,
                FLAGS=flags, SUCCESS=(flags & FAILURE) == 0)
     return out
 

@@ -40,6 +40,7 @@ EPSILON = 0.6  # limb darkening of the rotational kernel
 # curvature floor per parameter (1 / a prior width squared): keeps a degenerate direction (vsini well
 # below the resolution, a spectrum of pure noise) from making a normal matrix singular
 PRIOR_WIDTH = np.array([1e4, 1e4, 1e6, 1e3, 1e3, 1e3])
+RIDGE = 1e-12  # relative ridge on the continuum's normal matrix
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,8 @@ class Prepared:
     basis: Any  # (N, ncoef)
     basis_t: Any  # (ncoef, N)
     basis_outer: Any  # (N, ncoef * ncoef): the products of every pair of basis columns
+    local_basis: np.ndarray  # (N, degree + 1): each pixel's Legendre values on its own arm (host)
+    arm: np.ndarray  # (N,) arm of each pixel (host)
     lower: Any  # (6,) float64 bounds of p
     upper: Any
     arm_slices: list[tuple[int, int]]
@@ -164,6 +167,9 @@ def prepare(ops: Any, library: TemplateLibrary, wave: np.ndarray, arm: np.ndarra
                     u0=ops.asarray((lnw - ln_wave0) / library.dlnw, dtype=_f64(ops)),
                     basis=ops.asarray(basis), basis_t=ops.asarray(np.ascontiguousarray(basis.T)),
                     basis_outer=ops.asarray((basis[:, :, None] * basis[:, None, :]).reshape(len(wave), -1)),
+                    local_basis=np.stack([basis[i, a * (degree + 1) : (a + 1) * (degree + 1)]
+                                          for i, a in enumerate(arm)]) if len(arm) else basis,
+                    arm=np.asarray(arm, dtype=np.int64),
                     lower=ops.asarray(bounds_lo, _f64(ops)),
                     upper=ops.asarray(bounds_hi, _f64(ops)), arm_slices=list(zip(starts, stops)), degree=degree)
 
@@ -252,21 +258,33 @@ def shifted_templates(prep: Prepared, p: Any, jac: bool) -> Any:
     channels = ops.interpolate_exp(prep.table, idx, w, dw)  # (B, 1 or 5, P): F, F d ln F / d theta
     half = kernel_half_width(float(xp.max(p[:, 1])), prep.step_kms)
     kernel = ops.cast(rotation_kernel(prep, p[:, 1], half))
+    dk = ops.cast(rotation_kernel_derivative(prep, p[:, 1], half)) if jac else None
     beta = p[:, 0] / C_KMS
-    u = prep.u0[None, :] - (log_doppler(p[:, 0], xp) / prep.dlnw)[:, None]
-    u = ops.clip(u, 0.0, float(prep.n_template - 1) - 1e-6)
+    shift = log_doppler(p[:, 0], xp) / prep.dlnw  # in template pixels
+    du_dv = -1.0 / (C_KMS * (1 - beta * beta) * prep.dlnw)
+    return ops.resample(prep.u0, channels, kernel, dk, shift, du_dv)
+
+
+def resample(ops: Any, u0: Any, channels: Any, kernel: Any, dk: Any, shift: Any, du_dv: Any) -> Any:
+    """Broaden and shift the template channels and read them at the data pixels (any ops).
+
+    ``channels`` (B, 1 or 5, P): F and F d ln F / d theta on the template grid. Data pixel i of
+    spectrum b sits at template position ``u0[i] - shift[b]``, read by linear interpolation between
+    the broadened values at its two neighbours. Returns (B, 1, N), or with ``dk`` (B, 7, N): the
+    model and its derivatives in p's order (v, vsini, teff, logg, feh, alpha).
+    """
+    xp = ops.xp
+    n_template = channels.shape[2]
+    u = ops.clip(u0[None, :] - shift[:, None], 0.0, float(n_template - 1) - 1e-6)
     j0 = _int(ops, xp.floor(u))
     frac = ops.cast(u - j0)[:, None, :]
     left, right = ops.broaden_at(channels, kernel, j0)
     values = left + frac * (right - left)
-    if not jac:
+    if dk is None:
         return values
     # d S / d vsini: the unbroadened flux convolved with d kernel / d vsini, read at the same pixels
-    dk = ops.cast(rotation_kernel_derivative(prep, p[:, 1], half))
     dleft, dright = ops.broaden_at(channels[:, :1], dk, j0)
-    du_dv = ops.cast(-1.0 / (C_KMS * (1 - beta * beta) * prep.dlnw))
-    dv = (right[:, :1] - left[:, :1]) * du_dv[:, None, None]
-    # in p's order: value, v, vsini, teff, logg, feh, alpha
+    dv = (right[:, :1] - left[:, :1]) * ops.cast(du_dv)[:, None, None]
     return _cat(ops, [values[:, :1], dv, dleft + frac * (dright - dleft), values[:, 1:5]], 1)
 
 
@@ -283,8 +301,13 @@ class Evaluation:
 def evaluate(prep: Prepared, p: Any, flux: Any, weight: Any, jac: bool = False,
              keep_jacobian: bool = False) -> Evaluation:
     """chi-square of ``p`` (B, 6) with the continuum solved linearly; with ``jac`` the normal equations too."""
-    ops, xp = prep.ops, prep.ops.xp
     shifted = shifted_templates(prep, p, jac)
+    return prep.ops.profile(prep, shifted, flux, weight, jac, keep_jacobian)
+
+
+def profile(prep: Prepared, shifted: Any, flux: Any, weight: Any, jac: bool, keep_jacobian: bool) -> Evaluation:
+    """The continuum solved linearly for the shifted templates, chi-square, and the projected normal equations."""
+    ops, xp = prep.ops, prep.ops.xp
     template = shifted[:, 0]
     # the continuum's normal equations from matrix products with the fixed basis: the (B, N, ncoef)
     # design matrix (template x basis) is never formed
@@ -296,7 +319,7 @@ def evaluate(prep: Prepared, p: Any, flux: Any, weight: Any, jac: bool = False,
     # an arm without a single usable pixel has zero columns: pin its coefficients to 0
     empty = ops.float64(diagonal <= 0)
     scale = xp.sum(diagonal, 1) / ncoef + 1e-300
-    gram = gram + eye[None] * (empty[:, None, :] + 1e-12 * scale[:, None, None])
+    gram = gram + eye[None] * (empty[:, None, :] + RIDGE * scale[:, None, None])
     coeffs = ops.solve(gram, ops.float64((wt * flux) @ prep.basis))
     continuum = ops.cast(coeffs) @ prep.basis_t
     model = continuum * template

@@ -49,34 +49,138 @@ def _interpolate_exp(table, idx, w, dw, derivatives):  # pragma: no cover - comp
     return out
 
 
-def _broaden_at(x, kernel, j0):  # pragma: no cover - compiled
-    # the rotational convolution evaluated only where the resampling reads it: at j0 and j0 + 1 of
-    # every data pixel (about half the template's pixels), never the whole broadened template
-    b_count, channels, n_template = x.shape
-    n = j0.shape[1]
+def _resample(channels, kernel, dk, shift, du_dv, u0, jac):  # pragma: no cover - compiled
+    # broaden (the kernel applied only at the two template pixels each data pixel reads), shift and
+    # assemble the model and its derivatives in p's order: value, v, vsini, teff, logg, feh, alpha
+    b_count, n_channels, n_template = channels.shape
+    n = u0.shape[0]
     width = kernel.shape[1]
     half = width // 2
-    left = np.empty((b_count, channels, n))
-    right = np.empty((b_count, channels, n))
+    out = np.empty((b_count, 7 if jac else 1, n))
+    pair = np.empty((2, 6))
     for b in prange(b_count):
         for i in range(n):
+            u = min(max(u0[i] - shift[b], 0.0), n_template - 1 - 1e-6)
+            j0 = int(np.floor(u))
+            frac = u - j0
             for side in range(2):
-                j = j0[b, i] + side
+                j = j0 + side
                 lo = max(0, half - j)
                 hi = min(width, n_template + half - j)
-                for ch in range(channels):
+                for ch in range(n_channels):
                     acc = 0.0
                     for m in range(lo, hi):
-                        acc += kernel[b, m] * x[b, ch, j + m - half]
-                    if side == 0:
-                        left[b, ch, i] = acc
-                    else:
-                        right[b, ch, i] = acc
-    return left, right
+                        acc += kernel[b, m] * channels[b, ch, j + m - half]
+                    pair[side, ch] = acc
+                if jac:
+                    acc = 0.0
+                    for m in range(lo, hi):
+                        acc += dk[b, m] * channels[b, 0, j + m - half]
+                    pair[side, 5] = acc
+            out[b, 0, i] = pair[0, 0] + frac * (pair[1, 0] - pair[0, 0])
+            if jac:
+                out[b, 1, i] = (pair[1, 0] - pair[0, 0]) * du_dv[b]
+                out[b, 2, i] = pair[0, 5] + frac * (pair[1, 5] - pair[0, 5])
+                for k in range(4):
+                    out[b, 3 + k, i] = pair[0, 1 + k] + frac * (pair[1, 1 + k] - pair[0, 1 + k])
+    return out
 
 
-_SERIAL = {"interpolate_exp": jit()(_interpolate_exp), "broaden_at": jit()(_broaden_at)}
-_PARALLEL = {"interpolate_exp": jit(parallel=True)(_interpolate_exp), "broaden_at": jit(parallel=True)(_broaden_at)}
+def _profile(shifted, flux, weight, local, arm, n_arms, ridge, jac, keep):  # pragma: no cover - compiled
+    # per spectrum: the continuum's normal equations (each pixel touches only its arm's degree + 1
+    # Legendre columns), the linear solve, chi-square, and the projected Gauss-Newton normal equations
+    b_count, _, n = shifted.shape
+    d1 = local.shape[1]
+    nc = n_arms * d1
+    chi2 = np.empty(b_count)
+    coeffs = np.empty((b_count, nc))
+    model = np.empty((b_count, n))
+    hessian = np.zeros((b_count, 6, 6))
+    gradient = np.zeros((b_count, 6))
+    jproj = np.empty((b_count if keep else 0, 6, n))
+    for b in prange(b_count):
+        gram = np.zeros((nc, nc))
+        rhs = np.zeros(nc)
+        for i in range(n):
+            w = weight[b, i]
+            if w == 0.0:
+                continue
+            t = shifted[b, 0, i]
+            o = arm[i] * d1
+            for x in range(d1):
+                ax = local[i, x] * t
+                rhs[o + x] += w * ax * flux[b, i]
+                for y in range(d1):
+                    gram[o + x, o + y] += w * ax * local[i, y] * t
+        trace = 0.0
+        for x in range(nc):
+            trace += gram[x, x]
+        for x in range(nc):
+            if gram[x, x] <= 0.0:
+                gram[x, x] = 1.0  # an arm without usable pixels: its coefficients are pinned to 0
+            gram[x, x] += ridge * trace / nc + 1e-300
+        c = np.linalg.solve(gram, rhs)
+        coeffs[b] = c
+        total = 0.0
+        for i in range(n):
+            o = arm[i] * d1
+            cont = 0.0
+            for x in range(d1):
+                cont += local[i, x] * c[o + x]
+            m = cont * shifted[b, 0, i]
+            model[b, i] = m
+            r = flux[b, i] - m
+            total += weight[b, i] * r * r
+        chi2[b] = total
+        if not jac:
+            continue
+        cross = np.zeros((nc, 6))
+        for i in range(n):
+            w = weight[b, i]
+            if w == 0.0:
+                continue
+            o = arm[i] * d1
+            cont = model[b, i] / shifted[b, 0, i] if shifted[b, 0, i] != 0.0 else 0.0
+            for x in range(d1):
+                ax = w * local[i, x] * shifted[b, 0, i]
+                for k in range(6):
+                    cross[o + x, k] += ax * cont * shifted[b, 1 + k, i]
+        proj = np.linalg.solve(gram, cross)
+        column = np.empty(6)
+        for i in range(n):
+            o = arm[i] * d1
+            t = shifted[b, 0, i]
+            cont = model[b, i] / t if t != 0.0 else 0.0
+            for k in range(6):
+                back = 0.0
+                for x in range(d1):
+                    back += local[i, x] * proj[o + x, k]
+                column[k] = cont * shifted[b, 1 + k, i] - t * back
+                if keep:
+                    jproj[b, k, i] = column[k]
+            w = weight[b, i]
+            if w == 0.0:
+                continue
+            r = flux[b, i] - model[b, i]
+            for k in range(6):
+                gradient[b, k] += w * column[k] * r
+                for q in range(6):
+                    hessian[b, k, q] += w * column[k] * column[q]
+    return chi2, coeffs, model, hessian, gradient, jproj
+
+
+def _scatter_add(out, index, values):  # pragma: no cover - compiled
+    b_count, n = values.shape
+    for b in prange(b_count):
+        for i in range(n):
+            out[b, index[i]] += values[b, i]
+    return out
+
+
+_NAMES = {"interpolate_exp": _interpolate_exp, "resample": _resample, "profile": _profile,
+          "scatter_add": _scatter_add}
+_SERIAL = {name: jit()(fn) for name, fn in _NAMES.items()}
+_PARALLEL = {name: jit(parallel=True)(fn) for name, fn in _NAMES.items()}
 
 
 def _kernel(name: str, batch: int):
@@ -84,7 +188,7 @@ def _kernel(name: str, batch: int):
 
 
 class NumbaOps(NumpyOps):
-    """NumPy float64 with Numba's fused interpolation and convolve-and-gather."""
+    """NumPy float64 with Numba's kernels for everything that scales with the batch's pixels."""
 
     name = "numba"
 
@@ -96,7 +200,43 @@ class NumbaOps(NumpyOps):
             table, np.ascontiguousarray(idx), np.ascontiguousarray(w, dtype=np.float64),
             np.ascontiguousarray(dw, dtype=np.float64), derivatives)
 
-    def broaden_at(self, x, kernel, j0):
-        return _kernel("broaden_at", x.shape[0])(np.ascontiguousarray(x, dtype=np.float64),
-                                                 np.ascontiguousarray(kernel, dtype=np.float64),
-                                                 np.ascontiguousarray(j0))
+    def resample(self, u0, channels, kernel, dk, shift, du_dv):
+        jac = dk is not None
+        f64 = np.float64
+        return _kernel("resample", channels.shape[0])(
+            np.ascontiguousarray(channels, dtype=f64), np.ascontiguousarray(kernel, dtype=f64),
+            np.ascontiguousarray(dk if jac else kernel, dtype=f64), np.ascontiguousarray(shift, dtype=f64),
+            np.ascontiguousarray(du_dv, dtype=f64), np.ascontiguousarray(u0, dtype=f64), jac)
+
+    def profile(self, prep, shifted, flux, weight, jac, keep_jacobian):
+        from plugins.spectra.model import RIDGE, Evaluation
+
+        chi2, coeffs, model, hessian, gradient, jproj = _kernel("profile", shifted.shape[0])(
+            np.ascontiguousarray(shifted, dtype=np.float64), np.ascontiguousarray(flux, dtype=np.float64),
+            np.ascontiguousarray(weight, dtype=np.float64), np.ascontiguousarray(prep.local_basis, dtype=np.float64),
+            prep.arm, len(prep.arm_slices), RIDGE, jac, keep_jacobian)
+        out = Evaluation(chi2=chi2, coeffs=coeffs, model=model)
+        if jac:
+            out.hessian, out.gradient = hessian, gradient
+            out.jproj = jproj if keep_jacobian else None
+        return out
+
+    def scatter_add(self, out, index, values):
+        return _kernel("scatter_add", out.shape[0])(out, np.ascontiguousarray(index),
+                                                    np.ascontiguousarray(values, dtype=out.dtype))
+
+    def rfft(self, x, n: int):
+        import scipy.fft
+
+        return scipy.fft.rfft(x, n=n, axis=-1, workers=_threads())
+
+    def irfft(self, x, n: int):
+        import scipy.fft
+
+        return scipy.fft.irfft(x, n=n, axis=-1, workers=_threads())
+
+
+def _threads() -> int:
+    import numba
+
+    return int(numba.get_num_threads())

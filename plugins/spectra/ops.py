@@ -118,6 +118,21 @@ class NumpyOps:
             out += kernel[:, m, None, None] * padded[:, :, m : m + n]
         return out
 
+    def cat(self, arrays, axis: int):
+        return np.concatenate(arrays, axis=axis)
+
+    def resample(self, u0, channels, kernel, dk, shift, du_dv):
+        """Broaden, shift and read the template channels at the data pixels (see model.resample)."""
+        from plugins.spectra.model import resample
+
+        return resample(self, u0, channels, kernel, dk, shift, du_dv)
+
+    def profile(self, prep, shifted, flux, weight, jac, keep_jacobian):
+        """The continuum's linear solve, chi-square and the normal equations (see model.profile)."""
+        from plugins.spectra.model import profile
+
+        return profile(prep, shifted, flux, weight, jac, keep_jacobian)
+
     def broaden_at(self, x, kernel, j0):
         """The convolution of x with each row's kernel, read at template pixels j0 and j0 + 1 (B, C, N) each."""
         return self.gather_pairs(self.convolve(x, kernel), j0)
@@ -193,6 +208,9 @@ class TorchOps(NumpyOps):
 
     def scatter_add(self, out, index, values):
         return out.index_add_(1, index, values)
+
+    def cat(self, arrays, axis: int):
+        return self.torch.cat(arrays, dim=axis)
 
     def argmax(self, x, axis: int):
         return self.torch.argmax(x, dim=axis)

@@ -29,21 +29,42 @@ def fit_batch(spectra: Spectra, library: TemplateLibrary, ops: Any, *, method: s
               max_iter: int = 30, tol: float = 1e-7, table: Any = None) -> dict[str, np.ndarray]:
     """Fit every spectrum of ``spectra``; the output columns (see :func:`plugins.spectra.fit.finish`)."""
     prep = prepare(ops, library, spectra.wave, spectra.arm, degree, table)
-    flux_np, weight_np = spectra.clean()
-    fitted, flags = usable(prep, flux_np, weight_np)
+    flux, weight = clean(ops, spectra.flux, spectra.ivar)  # on the device: the host never converts a batch
+    arm_pixels, signal = usable_measures(prep, flux, weight)
+    fitted, flags = usable(arm_pixels, signal)
     rows = np.flatnonzero(fitted)
-    arms_used = np.stack([(weight_np[:, a:b] > 0).any(axis=1) for a, b in prep.arm_slices], axis=1).sum(axis=1)
     result: dict[str, Any] = {}
     if rows.size:
-        flux, weight = ops.asarray(flux_np[rows]), ops.asarray(weight_np[rows])
+        if rows.size < len(fitted):
+            index = ops.asint(rows)
+            flux, weight = flux[index], weight[index]
         p0 = ccf_start(prep, flux, weight)
         if method == "scipy":
-            result = reference_fit(prep, flux_np[rows], weight_np[rows], ops.to_numpy(p0), max_iter, tol)
+            result = reference_fit(prep, ops.to_numpy(flux), ops.to_numpy(weight), ops.to_numpy(p0), max_iter, tol)
         else:
             result = lm_batch(prep, flux, weight, p0, max_iter, tol)
-    out = finish(prep, result, weight_np, flags, fitted, arms_used * (degree + 1))
+    arms_used = (arm_pixels > 0).sum(axis=1)
+    out = finish(prep, result, arm_pixels.sum(axis=1), flags, fitted, arms_used * (degree + 1))
     out["TARGETID"] = np.asarray(spectra.targetid)
     return out
+
+
+def clean(ops: Any, flux: Any, ivar: Any) -> tuple[Any, Any]:
+    """(flux, weight) on the ops' device, every unusable pixel (NaN or infinite flux, ivar <= 0 or not finite)
+    weighted 0 and its flux set to 0."""
+    xp = ops.xp
+    f, iv = ops.asarray(flux), ops.asarray(ivar)
+    good = xp.isfinite(f) & xp.isfinite(iv) & (iv > 0)
+    zero = ops.asarray(0.0)
+    return xp.where(good, f, zero), xp.where(good, iv, zero)
+
+
+def usable_measures(prep: Any, flux: Any, weight: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Usable pixels per arm (B, arms) and the weighted signal sum(ivar flux^2) (B,), on the host."""
+    ops, xp = prep.ops, prep.ops.xp
+    used = weight > 0
+    per_arm = xp.stack([xp.sum(used[:, a:b], 1) for a, b in prep.arm_slices], 1)
+    return ops.to_numpy(per_arm).astype(np.int64), ops.to_numpy(xp.sum(ops.float64(weight * flux * flux), 1))
 
 
 def _outputs(columns: dict[str, np.ndarray], seconds: float) -> dict[str, np.ndarray]:
