@@ -606,8 +606,8 @@ def _writer_gone(name: str, age: float) -> bool:
         pid = int(name[len(TEMP_PREFIX):].split("-", 1)[0])
     except ValueError:
         return False  # not named by this version: only its age can tell
-    if pid == os.getpid():
-        return False  # ours, and we hold the lock: a write in progress on another thread cannot happen
+    if pid == os.getpid() or os.name == "nt":  # on Windows os.kill(pid, 0) would end that process: age only
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -642,10 +642,11 @@ def load() -> dict[str, Any]:
             return state.memory
         if _is_symlink(state.path):  # before the lock is created: a refused store touches nothing
             raise _Unusable(f"{state.path} is a symbolic link (refused: it could point anywhere)")
-        # no lock file is created just to find that there is nothing to read
-        exists = os.path.lexists(state.path)
-        with _locked(state.path, required=False) if exists else contextlib.nullcontext():
-            _sweep_temporaries(state.path.parent)
+        if not os.path.lexists(state.path):  # nothing to read: no lock file is created just to look
+            state.memory = _read(state)
+            return state.memory
+        with _locked(state.path, required=False):
+            _sweep_temporaries(state.path.parent)  # under the lock, no writer is between write and replace
             state.memory = _read(state)
     except _Unusable as exc:
         return _go_in_memory(state, str(exc))
