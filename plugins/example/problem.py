@@ -43,11 +43,12 @@ class RandomWalkProblem:
         set_(self, "n_walkers", check_int("n_walkers", self.n_walkers, minimum=1))
         set_(self, "n_steps", check_int("n_steps", self.n_steps, minimum=1))
         set_(self, "step_std", check_float("step_std", self.step_std, minimum=0))
-        # the walkers' spread, sqrt(n_steps) * step_std, times the largest normal draw (below 40)
-        # must stay finite, or every walker ends at inf
-        if not math.isfinite(40 * math.sqrt(self.n_steps) * self.step_std * SPAN):
-            raise fail("step_std", self.step_std, f"must be at most {FLOAT_MAX / (40 * SPAN):.3g} / sqrt(n_steps) "
-                       "so that the walkers' positions stay finite")
+        # the variance is the walkers' sum of squared deviations, each below (40 * sqrt(n_steps) * step_std)**2
+        # (40: the largest normal draw in float64): that sum must stay finite
+        spread = 40 * self.step_std * math.sqrt(self.n_walkers * self.n_steps)
+        if not spread <= math.sqrt(FLOAT_MAX):
+            raise fail("step_std", self.step_std, f"must be at most {math.sqrt(FLOAT_MAX) / 40:.3g} / "
+                       "sqrt(n_walkers * n_steps) so that the walkers' sum of squares stays finite")
         set_(self, "drift", check_float("drift", self.drift))
         if not math.isfinite(abs(self.exact_mean) + 40 * self.half_width):
             raise fail("drift", self.drift, "n_steps * drift, the walkers' mean, overflows float64")

@@ -16,6 +16,7 @@ converged, whatever its last errors were.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -25,7 +26,7 @@ from plugins.mfg.fp import torch_kernel as fp_torch
 from plugins.mfg.fp.common import all_steps_unsupported
 from plugins.mfg.hjb import reference as hjb_reference
 from plugins.mfg.hjb import torch_kernel as hjb_torch
-from plugins.mfg.problem import FPProblem, HJBProblem, MFGModel, MFGProblem
+from plugins.mfg.problem import FPProblem, HJBProblem, MFGModel, MFGProblem, drift_bound
 
 HJBStep = Callable[[HJBProblem], np.ndarray]
 FPStep = Callable[[FPProblem], np.ndarray]
@@ -62,12 +63,21 @@ def picard_batch(problem: MFGProblem, hjb: BatchHJB, fp: BatchFP, V: np.ndarray)
     iterations = np.zeros(k, dtype=np.int64)
     history: list[list[tuple[float, float, float, float]]] = [[] for _ in range(k)]
     active = np.ones(k, dtype=bool)
+    diverged = np.zeros(k, dtype=bool)
     while active.any():
         iterations[active] += 1
         U_hjb = hjb(V, M)
         live = active[:, None, None]
         U_next = U_hjb if U is None else np.where(live, (1 - problem.damping_U) * U + problem.damping_U * U_hjb, U)
-        M_fp = fp(U_next)
+        # an instance whose U overflowed (or drives particles to inf) cannot converge any more: it stops
+        # here with that U, which the Result flags, and the FP never sees it
+        diverged |= active & ~np.array([math.isfinite(drift_bound(problem, u)) for u in U_next])
+        active &= ~diverged
+        if not active.any():
+            U = U_next
+            break
+        live = active[:, None, None]
+        M_fp = fp(np.where(live, U_next, 0.0))
         M_next = np.where(live, (1 - problem.damping_M) * M + problem.damping_M * M_fp, M)
         if U is not None:
             for i in np.flatnonzero(active):
@@ -77,7 +87,7 @@ def picard_batch(problem: MFGProblem, hjb: BatchHJB, fp: BatchFP, V: np.ndarray)
                 converged[i] = (change_U <= problem.atol + problem.rtol * size_U
                                 and change_M <= problem.atol + problem.rtol * size_M)
         U, M = U_next, M_next
-        active = ~converged & (iterations < problem.max_iter)
+        active = ~converged & ~diverged & (iterations < problem.max_iter)
     return {"U": U, "M": M, "history": [np.array(h).reshape(-1, 4) for h in history], "converged": converged,
             "iterations": iterations}
 

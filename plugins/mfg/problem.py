@@ -333,6 +333,14 @@ def space_time_view(row: np.ndarray, model: MFGModel) -> np.ndarray:
     return np.broadcast_to(row, (model.Nt + 1, model.Nx))
 
 
+def drift_bound(model: MFGModel, U: np.ndarray) -> float:
+    """A bound on the particles' drift ``-lam * dU/dx``: ``lam * (max U - min U) / dx``.
+
+    Inf or NaN where U is not finite; Python floats, so an overflow gives inf rather than an exception.
+    """
+    return model.lam * (float(np.max(U)) - float(np.min(U))) / model.dx
+
+
 @dataclass(frozen=True)
 class FPProblem(MFGModel):
     """Forward Fokker-Planck by particles, given the value function ``U`` (Nt+1, Nx).
@@ -349,9 +357,7 @@ class FPProblem(MFGModel):
             object.__setattr__(self, "U", space_time_view(np.zeros(1), self))
         else:
             u = check_space_time("U", self.U, self)
-            # the particles' drift is -lam * dU/dx: bounded by lam * (max U - min U) / dx, which must be finite
-            check_derived("U", self.U, self.lam * (float(u.max()) - float(u.min())) / self.dx,
-                          "the drift bound lam*(max U - min U)/dx")
+            check_derived("U", self.U, drift_bound(self, u), "the drift bound lam*(max U - min U)/dx")
             object.__setattr__(self, "U", u)
 
 
