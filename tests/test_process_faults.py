@@ -328,3 +328,25 @@ def test_main_script_functions_and_the_guard(tmp_path):
                     f"{tmp_path / 'caller.py'}, which has no `if __name__ == \"__main__\":` guard, so every pool "
                     f"worker would rerun the whole script: put its top-level code under that guard, or define "
                     f"double in an importable module")
+
+
+def test_a_map_outside_the_guard_is_named_not_nested(tmp_path):
+    """A guarded script whose map sits outside the guard: a worker importing it must not start a pool of its own."""
+    caller, _ = start_caller(tmp_path, """
+        from core.backends import process_pool
+
+
+        def double(task, shared, seed):
+            return 2 * task
+
+
+        if __name__ == "__main__":
+            print("guarded part")
+
+        process_pool.map_tasks(double, [1], workers=1)
+    """)
+    _, err = finish(caller, tmp_path)
+    assert err.strip().splitlines()[-1] == (
+        f"core.errors.TaskFailedError: task 0 (1) failed: UnguardedMainError: a pool worker importing the main "
+        f"script {tmp_path / 'caller.py'} reached a map or pool start outside its `if __name__ == \"__main__\":` "
+        f"guard: put the script's top-level code under the guard")

@@ -37,7 +37,7 @@ import runpy
 import sys
 import types
 from multiprocessing import context as mp_context
-from multiprocessing import spawn
+from multiprocessing import process, spawn
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -174,15 +174,38 @@ def loads_task(payload: bytes, main: MainRef | None) -> Any:
 
 
 def _load_main(main: MainRef) -> None:
-    """Import the caller's main script as ``__mp_main__``, as multiprocessing would, once per worker."""
-    global _main_loaded
+    """Import the caller's main script as ``__mp_main__``, as multiprocessing would, once per worker.
+
+    While it runs, the worker counts as starting (multiprocessing's own
+    flag), and :func:`refuse_pool_while_importing_main` stops a pool from
+    starting: a map at the script's top level, outside its guard, would
+    otherwise start pools within pools.
+    """
+    global _main_loaded, _importing_main
     if _main_loaded == main:
         return
     kind, where = main
-    if kind == "path":
-        spawn.import_main_path(where)
-    else:
-        module = types.ModuleType("__mp_main__")
-        module.__dict__.update(runpy.run_module(where, run_name="__mp_main__", alter_sys=True))
-        sys.modules["__main__"] = sys.modules["__mp_main__"] = module
+    this = process.current_process()
+    _importing_main, this._inheriting = where, True
+    try:
+        if kind == "path":
+            spawn.import_main_path(where)
+        else:
+            module = types.ModuleType("__mp_main__")
+            module.__dict__.update(runpy.run_module(where, run_name="__mp_main__", alter_sys=True))
+            sys.modules["__main__"] = sys.modules["__mp_main__"] = module
+    finally:
+        _importing_main = None
+        del this._inheriting
     _main_loaded = main
+
+
+_importing_main: str | None = None
+
+
+def refuse_pool_while_importing_main() -> None:
+    """One clear error where a worker, importing the main script, reaches a map outside the script's guard."""
+    if _importing_main is not None:
+        raise UnguardedMainError(f"a pool worker importing the main script {_importing_main} reached a map or pool "
+                                 f"start outside its `if __name__ == \"__main__\":` guard: put the script's "
+                                 f"top-level code under the guard")

@@ -94,6 +94,7 @@ def start_method() -> str:
 def get_executor(workers: int | None = None) -> ProcessPoolExecutor:
     """The shared pool, created on first use and rebuilt if the size changes or it broke."""
     global _executor, _executor_workers
+    pool_main.refuse_pool_while_importing_main()
     workers = workers or default_workers()
     if _executor is not None and (_executor_workers != workers or _is_broken(_executor)):
         shutdown()
