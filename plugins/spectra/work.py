@@ -63,18 +63,20 @@ def memory(problem: SpectraProblem, implementation: str) -> float:
 def batch_bytes(n_spectra: int, n_pixels: int, nodes: int, implementation: str) -> float:
     """Peak bytes on the implementation's device: the templates plus the batch's working arrays.
 
-    Per spectrum: ~24 template-length arrays (ln F and its 4 derivatives,
-    6 broadened channels, the convolution's padding) and ~80 data-length
-    ones (the continuum design and its projection, the Jacobian three
-    times), plus the CCF's complex spectrum; float32 on the GPU, float64 on
-    the CPU. The numpy reference holds one spectrum at a time; a parallel
-    worker holds the library and one chunk.
+    Per spectrum: ~8 template-length arrays (the 5 interpolated channels and
+    the broadening's working copies), ~48 data-length ones (the 7 shifted
+    channels, the projected Jacobian and its weighted copy, the cleaned data)
+    and the CCF's complex spectrum; float32 on the GPU, float64 on the CPU.
+    Measured on an H200 (docs/results/spectra-h200): 1.9 MB per 3-arm spectrum
+    at the peak, against 2.6 MB here, so a batch sized from this estimate fits
+    with a margin. The numpy reference holds one spectrum at a time; a
+    parallel worker holds the library and one chunk.
     """
     backend = implementation.split(":", 1)[0]
     tp = template_pixels(n_pixels)
-    nfft = 1 << math.ceil(math.log2(tp + 2 * V_MAX / TEMPLATE_STEP_KMS + 1))
+    nfft = 1 << math.ceil(math.log2(tp + V_MAX / TEMPLATE_STEP_KMS + 1))
     itemsize = 4 if backend == "torch" else 8
-    per_spectrum = itemsize * (24 * tp + 80 * n_pixels) + 16 * nfft
+    per_spectrum = itemsize * (8 * tp + 48 * n_pixels) + 8 * nfft
     library = 4.0 * nodes * tp
     data = 2 * 4.0 * n_spectra * n_pixels
     if backend == "numpy":
