@@ -111,6 +111,7 @@ class Prepared:
     axes: list  # four float64 arrays of node values
     strides: tuple[int, ...]
     node_params: np.ndarray  # (nodes, 4) host copy
+    node_bounds: list[tuple[float, float]]  # each axis's first and last node
     ln_wave0: float
     dlnw: float
     u0: Any  # (N,) template position of every data pixel at v = 0
@@ -163,7 +164,9 @@ def prepare(ops: Any, library: TemplateLibrary, wave: np.ndarray, arm: np.ndarra
     starts = [0, *edges.tolist()]
     stops = [*edges.tolist(), len(arm)]
     return Prepared(ops=ops, table=table, axes=[ops.asarray(a, dtype=_f64(ops)) for a in library.axes],
-                    strides=strides, node_params=mesh, ln_wave0=ln_wave0, dlnw=library.dlnw,
+                    strides=strides, node_params=mesh,
+                    node_bounds=[(float(a[0]), float(a[-1])) for a in library.axes], ln_wave0=ln_wave0,
+                    dlnw=library.dlnw,
                     u0=ops.asarray((lnw - ln_wave0) / library.dlnw, dtype=_f64(ops)),
                     basis=ops.asarray(basis), basis_t=ops.asarray(np.ascontiguousarray(basis.T)),
                     basis_outer=ops.asarray((basis[:, :, None] * basis[:, None, :]).reshape(len(wave), -1)),
@@ -195,7 +198,8 @@ def corners(prep: Prepared, theta: Any, derivatives: bool) -> tuple[Any, Any, An
     lows, fracs, invs = [], [], []
     for k, axis in enumerate(prep.axes):
         n = axis.shape[0]
-        t = ops.clip(theta[:, k], float(axis[0]), float(axis[-1]))
+        lo_hi = prep.node_bounds[k]  # host floats: no device round trip per evaluation
+        t = ops.clip(theta[:, k], lo_hi[0], lo_hi[1])
         i = ops.clip(xp.searchsorted(axis, t) - 1, 0, n - 2)
         lo, hi = axis[i], axis[i + 1]
         lows.append(i)
