@@ -170,8 +170,7 @@ def prepare(ops: Any, library: TemplateLibrary, wave: np.ndarray, arm: np.ndarra
                     u0=ops.asarray((lnw - ln_wave0) / library.dlnw, dtype=_f64(ops)),
                     basis=ops.asarray(basis), basis_t=ops.asarray(np.ascontiguousarray(basis.T)),
                     basis_outer=ops.asarray((basis[:, :, None] * basis[:, None, :]).reshape(len(wave), -1)),
-                    local_basis=np.stack([basis[i, a * (degree + 1) : (a + 1) * (degree + 1)]
-                                          for i, a in enumerate(arm)]) if len(arm) else basis,
+                    local_basis=basis.reshape(len(wave), -1, degree + 1)[np.arange(len(wave)), arm],
                     arm=np.asarray(arm, dtype=np.int64),
                     lower=ops.asarray(bounds_lo, _f64(ops)),
                     upper=ops.asarray(bounds_hi, _f64(ops)), arm_slices=list(zip(starts, stops)), degree=degree)
