@@ -138,7 +138,7 @@ def _torch_build() -> dict[str, str]:
             target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
             if isinstance(target, ast.Name) and target.id in build and getattr(node, "value", None) is not None:
                 build[target.id] = str(ast.literal_eval(node.value) or "none")
-    except (OSError, SyntaxError, ValueError, ImportError):
+    except (OSError, SyntaxError, ValueError, TypeError, ImportError):
         pass
     return build
 
@@ -202,7 +202,7 @@ def backend_fingerprint(backend: str) -> dict[str, Any]:
 
 def fingerprint() -> dict[str, Any]:
     """The host and the versions, for people (tables, reports); the keys are the two parts above."""
-    return {**host_fingerprint(), "gpus": gpu_names(),
+    return {**host_fingerprint(), "gpus": list(gpu_names()),
             "versions": {dist: _version(dist) for dist in ("crossover", "numpy", "numba", "torch")}}
 
 
