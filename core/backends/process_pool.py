@@ -37,13 +37,14 @@ import atexit
 import multiprocessing
 import os
 import pickle
+import queue
 import signal
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import shared_memory
@@ -477,34 +478,50 @@ def _collect(futures: dict[Future, int], states: np.ndarray, on_result: ResultCa
     """
     results: list[Any] = [None] * len(states)
     crashed, failures, overdue = False, {}, None
-    waiting, running_since = set(futures), {}
+    # each future reports here as it completes: one pass over the futures, not one per completion
+    finished: queue.SimpleQueue[Future] = queue.SimpleQueue()
+    for future in futures:
+        future.add_done_callback(finished.put)
+    running_since: dict[int, float] = {}
+    remaining, next_check = len(futures), time.monotonic()
     try:
-        while waiting and overdue is None:
-            done, waiting = wait(waiting, timeout=None if limit is None else _POLL_SECONDS,
-                                 return_when=FIRST_COMPLETED)
-            for future in sorted(done, key=futures.__getitem__):  # finished together: in task order
-                i = futures[future]
-                error = future.exception()
-                if error is None:
-                    results[i] = future.result()
-                    if on_result is not None:
-                        on_result(i, results[i])
-                elif isinstance(error, BrokenProcessPool):
-                    crashed = True
-                else:
-                    failures[i] = error
-            if limit is not None and not crashed:
-                overdue = _overdue(sorted(futures[f] for f in waiting), states, running_since, limit)
+        while remaining and overdue is None:
+            try:
+                future = finished.get(timeout=None if limit is None else _POLL_SECONDS)
+            except queue.Empty:
+                future = None
+            if future is not None:
+                remaining -= 1
+                crashed |= _take(future, futures[future], results, failures, on_result)
+            if limit is not None and not crashed and time.monotonic() >= next_check:
+                next_check = time.monotonic() + _POLL_SECONDS
+                overdue = _overdue(states, running_since, limit)
     except BaseException:
         _stop(futures)
         raise
     return results, crashed, failures, overdue
 
 
-def _overdue(unfinished: list[int], states: np.ndarray, running_since: dict[int, float], limit: float) -> int | None:
+def _take(future: Future, i: int, results: list, failures: dict[int, BaseException],
+          on_result: ResultCallback | None) -> bool:
+    """Record task ``i``'s result or error (streaming a result to ``on_result``); whether the pool broke."""
+    error = future.exception()
+    if isinstance(error, BrokenProcessPool):
+        return True
+    if error is not None:
+        failures[i] = error
+        return False
+    results[i] = future.result()
+    if on_result is not None:
+        on_result(i, results[i])
+    return False
+
+
+def _overdue(states: np.ndarray, running_since: dict[int, float], limit: float) -> int | None:
+    """The first running task past ``limit``, timed from when this process first saw it running."""
     now = time.monotonic()
-    for i in unfinished:
-        if states[i] == _STARTED and now - running_since.setdefault(i, now) > limit:
+    for i in np.flatnonzero(states == _STARTED).tolist():
+        if now - running_since.setdefault(i, now) > limit:
             return i
     return None
 
