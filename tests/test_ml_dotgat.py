@@ -58,6 +58,31 @@ def assert_equivalent(config: DotGATConfig, batch: int, device: str = "cpu") -> 
         assert relative(q.grad, p.grad) < 1e-5, name
 
 
+def gradients(model, x, weights) -> tuple[torch.Tensor, dict]:
+    model.zero_grad(set_to_none=True)
+    y = model(x)
+    (y * weights).sum().backward()
+    return y.detach(), {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+
+
+def assert_equivalent_judged_by_float64(config: DotGATConfig, batch: int, device: str = "cpu") -> None:
+    """fp32 outputs agree below 1e-5; in float64 the two are one function (1e-10); and each fp32 gradient is as
+    close to the float64 truth as the other's (within 3x, or below 1e-5): what is left between them is fp32
+    rounding, not a difference in function."""
+    naive, optimized = twin_models(config, device)
+    x = torch.randn(batch, config.T, config.M, device=device)
+    weights = torch.randn(batch, config.T, config.A, config.y_dim, device=device)
+    fp32 = {kind: gradients(model, x, weights) for kind, model in (("naive", naive), ("optimized", optimized))}
+    assert relative(fp32["optimized"][0], fp32["naive"][0]) < 1e-5
+    exact = {kind: gradients(model.double(), x.double(), weights.double())
+             for kind, model in (("naive", naive), ("optimized", optimized))}
+    assert relative(exact["optimized"][0], exact["naive"][0]) < 1e-10
+    for name, truth in exact["naive"][1].items():
+        assert relative(exact["optimized"][1][name], truth) < 1e-10, name
+        error = {kind: relative(fp32[kind][1][name], truth) for kind in fp32}
+        assert error["naive"] < 1e-4 and error["optimized"] < max(1e-5, 3 * error["naive"]), (name, error)
+
+
 @pytest.mark.parametrize("graph", ["small_world", "ring"])
 @pytest.mark.parametrize("batch", [1, 5])
 def test_naive_and_optimized_are_one_function(graph, batch):
@@ -65,10 +90,12 @@ def test_naive_and_optimized_are_one_function(graph, batch):
 
 
 def test_equivalence_at_the_published_shape_and_two_outputs():
+    """At the published shape fp32 gradients differ by about 1e-5 between the two on a CPU too (0.9-1.1e-5 over
+    four seeds: wider sums, and random parameters that make them cancel), so there float64 is the judge."""
     config = DotGATConfig(message_steps=2, y_dim=2)  # T 50, M 25, A 20, H 128, 4 heads, rho 0.25
     assert (config.T, config.M, config.A, config.H, config.heads, config.rho) == (50, 25, 20, 128, 4, 0.25)
     assert DotGATConfig().message_steps == 5
-    assert_equivalent(config, 2)
+    assert_equivalent_judged_by_float64(config, 2)
 
 
 @pytest.mark.parametrize("kind", ["naive", "optimized"])
@@ -205,35 +232,14 @@ def test_build_names_the_implementations():
 # -- on a GPU ------------------------------------------------------------------------------
 
 
-def gradients(model, x, weights) -> tuple[torch.Tensor, dict]:
-    model.zero_grad(set_to_none=True)
-    y = model(x)
-    (y * weights).sum().backward()
-    return y.detach(), {name: p.grad.detach().clone() for name, p in model.named_parameters()}
-
-
 @pytest.mark.gpu
-def test_equivalence_on_the_gpu_in_float64_and_fp32_against_float64():
-    """On the GPU: in float64 the two are one function to 1e-10; in fp32 (TF32 off) each is as close to the
-    float64 truth as the other. fp32 against fp32 there is rounding, not a difference in function: cuBLAS and
-    the fused attention kernels sum in other orders than the CPU, and the published shape's first-layer
-    gradients cancel (measured on an H200: W_embed's gradients differ by 1.7e-5 relative)."""
+def test_equivalence_on_the_gpu_judged_by_float64():
+    """On an H200 in fp32 (TF32 off) W_embed's gradients differed by 1.7e-5 between the two: cuBLAS and the
+    fused attention kernels sum in other orders than the CPU's, and that gradient cancels."""
     from plugins.ml.dotgat.train import set_precision
 
     set_precision("fp32")
-    config = DotGATConfig(message_steps=2)
-    naive, optimized = twin_models(config, "cuda")
-    x = torch.randn(4, config.T, config.M, device="cuda")
-    weights = torch.randn(4, config.T, config.A, config.y_dim, device="cuda")
-    fp32 = {kind: gradients(model, x, weights) for kind, model in (("naive", naive), ("optimized", optimized))}
-    assert relative(fp32["optimized"][0], fp32["naive"][0]) < 1e-5
-    exact = {kind: gradients(model.double(), x.double(), weights.double())
-             for kind, model in (("naive", naive), ("optimized", optimized))}
-    assert relative(exact["optimized"][0], exact["naive"][0]) < 1e-10
-    for name, truth in exact["naive"][1].items():
-        assert relative(exact["optimized"][1][name], truth) < 1e-10, name
-        error = {kind: relative(fp32[kind][1][name], truth) for kind in fp32}
-        assert error["naive"] < 1e-4 and error["optimized"] < max(1e-5, 3 * error["naive"]), (name, error)
+    assert_equivalent_judged_by_float64(DotGATConfig(message_steps=2), 4, "cuda")
 
 
 @pytest.mark.gpu
