@@ -209,6 +209,13 @@ def test_every_backend_gives_the_same_answers_within_a_small_fraction_of_sigma(l
         assert np.allclose(out["VRAD_ERR"], reference["VRAD_ERR"], rtol=0.05)
 
 
+def test_the_threaded_fit_is_reproducible_to_the_last_bit(library, batch):
+    """Numba's kernels run spectra on threads: each spectrum's arithmetic must not depend on the others'."""
+    first, second = fit_batch(batch, library, numba_ops()), fit_batch(batch, library, numba_ops())
+    for name in ("VRAD", "VRAD_ERR", "TEFF", "CHISQ"):
+        assert np.array_equal(first[name], second[name]), name
+
+
 def test_the_ccf_start_finds_the_velocity_over_the_whole_range(library):
     params = np.array([[v, 10.0, 5500.0, 4.0, -0.5, 0.1] for v in (-950.0, -480.0, 0.0, 333.0, 960.0)])
     spectra = synthetic_spectra(library, len(params), snr=10, seed=8, params=params)

@@ -57,8 +57,8 @@ def _resample(channels, kernel, dk, shift, du_dv, u0, jac):  # pragma: no cover 
     width = kernel.shape[1]
     half = width // 2
     out = np.empty((b_count, 7 if jac else 1, n))
-    pair = np.empty((2, 6))
     for b in prange(b_count):
+        pair = np.empty((2, 6))  # per spectrum: one per thread, never shared
         for i in range(n):
             u = min(max(u0[i] - shift[b], 0.0), n_template - 1 - 1e-6)
             j0 = int(np.floor(u))
