@@ -492,19 +492,22 @@ def _collect(futures: dict[Future, int], states: np.ndarray, on_result: ResultCa
                 future = None
             if future is not None:
                 remaining -= 1
-                crashed |= _take(future, futures[future], results, failures, on_result)
+                crashed |= _take(future, futures, results, failures, on_result)
             if limit is not None and not crashed and time.monotonic() >= next_check:
                 next_check = time.monotonic() + _POLL_SECONDS
                 overdue = _overdue(states, running_since, limit)
+        while overdue is not None and not finished.empty():  # results already back are kept, not lost
+            _take(finished.get(), futures, results, failures, on_result)
     except BaseException:
         _stop(futures)
         raise
     return results, crashed, failures, overdue
 
 
-def _take(future: Future, i: int, results: list, failures: dict[int, BaseException],
+def _take(future: Future, futures: dict[Future, int], results: list, failures: dict[int, BaseException],
           on_result: ResultCallback | None) -> bool:
-    """Record task ``i``'s result or error (streaming a result to ``on_result``); whether the pool broke."""
+    """Record a finished task's result or error (streaming a result to ``on_result``); whether the pool broke."""
+    i = futures[future]
     error = future.exception()
     if isinstance(error, BrokenProcessPool):
         return True
