@@ -351,3 +351,19 @@ def test_a_map_outside_the_guard_is_named_not_nested(tmp_path):
         f"core.errors.TaskFailedError: task 0 (1) failed: UnguardedMainError: a pool worker importing the main "
         f"script {tmp_path / 'caller.py'} reached a map or pool start outside its `if __name__ == \"__main__\":` "
         f"guard: put the script's top-level code under the guard")
+
+
+@pytest.mark.parametrize("source, guarded", [
+    ('if __name__ == "__main__":\n    main()\n', True),
+    ("if '__main__' == __name__:\n    main()\n", True),
+    ("import os\nprint(os.getcwd())\n", False),
+    ('def main():\n    if __name__ == "__main__":\n        pass\n', False),  # not at the top level
+    ('if __name__ != "__main__":\n    pass\n', False),
+    ('if __name__ == "main":\n    pass\n', False),
+])
+def test_the_guard_is_read_from_the_scripts_top_level(tmp_path, source, guarded):
+    from core.backends.pool_main import has_main_guard
+
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    assert has_main_guard(str(script)) is guarded
