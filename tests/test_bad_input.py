@@ -119,11 +119,15 @@ def test_example_bounds_keep_positions_and_bins_representable():
     assert np.all(np.diff(edges) > 0)
 
 
-def test_a_drift_that_overflows_is_refused_naming_U():
+def test_a_drift_that_overflows_or_outruns_the_wrapping_is_refused_naming_U():
     u = np.zeros((51, 51))
     u[:, ::2] = 1e308
-    with pytest.raises(ProblemError, match=r"^U=.* the drift bound lam\*\(max U - min U\)/dx is inf"):
+    with pytest.raises(ProblemError, match=r"^U=.* a particle's largest drift step, .* is inf"):
         FPProblem(U=u)
+    u[:, ::2] = 1e12  # finite, but a step of 1e12 lengths could not be wrapped back with 20 bits left
+    with pytest.raises(ProblemError, match=r"^U=.* largest drift step, .* must be between 0 and 4\.29e\+09"):
+        FPProblem(U=u)
+    assert FPProblem(U=np.full((51, 51), 1e12)).U[0, 0] == 1e12  # a constant U does not drive anyone
 
 
 # -- arrays of the wrong kind ----------------------------------------------------------------
@@ -357,18 +361,23 @@ def test_a_solve_that_overflows_is_flagged_by_the_solve(empty_cache):
     assert any(issubclass(w.category, NonFiniteResultWarning) for w in caught)
 
 
-def test_a_particle_made_nan_stays_inside_numbas_histogram(empty_cache):
-    """A diverged drift makes particles NaN: numba must not index outside its histograms (memory safety)."""
+def test_a_particle_made_nan_stays_inside_numbas_histogram():
+    """A diverged drift makes particles NaN: numba must not index outside its histograms (memory safety).
+
+    The problem refuses such a U, so the kernel is handed it directly, as a coupled solver's step could.
+    """
     pytest.importorskip("numba")
+    from plugins.mfg.fp.numba_kernel import solve_particles
+
     u = np.zeros((11, 21))
     u[:, ::2] = 1e300
-    problem = FPProblem(Nx=21, Nt=10, N=64, U=u, lam=1e5)
+    problem = FPProblem(Nx=21, Nt=10, N=64, lam=1e5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for backend in ("numba:fused", "numba:steps"):
-            result = core.solve(problem, backend=backend)
-            assert "moments" in result.diagnostics["non_finite_outputs"]
-            assert np.all(np.isfinite(result["M"]))
+        for fused in (True, False):
+            out = solve_particles(problem, U=u, fused=fused)
+            assert not np.all(np.isfinite(out["moments"]))  # the NaN shows where it belongs
+            assert np.all(np.isfinite(out["M"])) and np.allclose(out["M"] @ problem.weights(), 1.0)
 
 
 def test_coupled_problems_keep_their_bounds():

@@ -30,15 +30,22 @@ a feature exceeds 50 times the base problem's plus 10,000 (the margin lets a
 zero feature such as a reflecting grid's cyclic steps become non-zero).
 
 The profile is fixed (``derandomize=True``, no example database), so every
-run draws the same cases: ``MAX_EXAMPLES`` per (solver, field).
+run draws the same cases: ``MAX_EXAMPLES`` per (solver, field). Each case
+must finish within ``CASE_SECONDS`` (every small case here takes well under a
+second): a construction that does a big problem's work before its checks
+(synthesising data, allocating arrays) fails the test instead of hanging it.
+Failures are reported as drawn, not shrunk, since shrinking would repeat a
+slow case many times.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import numbers
 import re
+import signal
 import warnings
 from decimal import Decimal
 from fractions import Fraction
@@ -46,7 +53,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import core
@@ -60,8 +67,25 @@ BIG_BYTES = 200e6
 BIG_FEATURE_FACTOR, BIG_FEATURE_MARGIN = 50.0, 10_000.0
 SOLVE_BACKENDS = ("numpy", "numba")
 
+CASE_SECONDS = 20
+
 FUZZ = settings(derandomize=True, database=None, max_examples=MAX_EXAMPLES, deadline=None,
-                suppress_health_check=list(HealthCheck))
+                phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+
+
+@contextlib.contextmanager
+def time_limit(seconds: int, what: str):
+    """Raise TimeoutError in this (the main) thread if the block runs longer than ``seconds``."""
+    def stop(signum, frame):
+        raise TimeoutError(f"{what} took more than {seconds} s: work done before the checks that should refuse it")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _cases() -> list[tuple[str, str]]:
@@ -236,6 +260,10 @@ def test_malformed_value_is_refused_naming_the_field_or_runs_clean(solver, field
     @FUZZ
     @given(value=malformed(default))
     def check(value):
+        with time_limit(CASE_SECONDS, f"{solver} with a malformed {field} ({type(value).__name__})"):
+            check_case(value)
+
+    def check_case(value):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # numpy's overflow notes on the way to a refusal
             try:

@@ -16,7 +16,6 @@ converged, whatever its last errors were.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import numpy as np
@@ -26,7 +25,7 @@ from plugins.mfg.fp import torch_kernel as fp_torch
 from plugins.mfg.fp.common import all_steps_unsupported
 from plugins.mfg.hjb import reference as hjb_reference
 from plugins.mfg.hjb import torch_kernel as hjb_torch
-from plugins.mfg.problem import FPProblem, HJBProblem, MFGModel, MFGProblem, drift_bound
+from plugins.mfg.problem import FPProblem, HJBProblem, MFGModel, MFGProblem, drives_particles_too_far
 
 HJBStep = Callable[[HJBProblem], np.ndarray]
 FPStep = Callable[[FPProblem], np.ndarray]
@@ -69,9 +68,10 @@ def picard_batch(problem: MFGProblem, hjb: BatchHJB, fp: BatchFP, V: np.ndarray)
         U_hjb = hjb(V, M)
         live = active[:, None, None]
         U_next = U_hjb if U is None else np.where(live, (1 - problem.damping_U) * U + problem.damping_U * U_hjb, U)
-        # an instance whose U overflowed (or drives particles to inf) cannot converge any more: it stops
-        # here with that U, which the Result flags, and the FP never sees it
-        diverged |= active & ~np.array([math.isfinite(drift_bound(problem, u)) for u in U_next])
+        # an instance whose U overflowed, or drives particles further than wrapping can bring back,
+        # has diverged: it stops here with that U (not converged; flagged by the Result where not
+        # finite), and the FP never sees it
+        diverged |= active & np.array([drives_particles_too_far(problem, u) for u in U_next])
         active &= ~diverged
         if not active.any():
             U = U_next

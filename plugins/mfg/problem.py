@@ -103,8 +103,11 @@ X_LIMIT = math.sqrt(FLOAT_MAX / INT64_MAX) / 4
 # - a cell keeps 20 bits of position: (x - xmin) / dx, a particle's place in its cell, is exact to
 #   about 1e-6 of a cell only when dx is at least 2**20 units in the last place of the coordinates;
 CELL_BITS = 20
-# - a Gaussian normal draw stays below 40 in float64 (its tail beyond is below 1e-300).
+# - a Gaussian normal draw stays below 40 in float64 (its tail beyond is below 1e-300);
 LARGEST_DRAW = 40.0
+# - a particle's step in one time step is at most 2**32 domain lengths: wrapping or reflecting it
+#   back into the domain loses the bits above, and 52 - 32 = CELL_BITS are left for its place.
+STEP_BITS = 52 - CELL_BITS
 
 
 @dataclass(frozen=True)
@@ -251,8 +254,8 @@ def _check_coefficients(model: MFGModel, given: set[str]) -> None:
     blame = "sigma" if "sigma" in given else "T"  # the user's long horizon, not the preset's sigma
     check_derived(blame, getattr(model, blame), 1 + 2 * sigma * sigma * dt / (dx * dx),
                   "the implicit step's condition number 1 + 4*nu*dt/dx**2, nu = sigma**2/2,", high=1e12)
-    check_derived("sigma", sigma, LARGEST_DRAW * sigma * math.sqrt(dt) + model.length,
-                  "a particle's largest noise step, 40*sigma*sqrt(dt), plus the domain's length")
+    check_derived(blame, getattr(model, blame), LARGEST_DRAW * sigma * math.sqrt(dt),
+                  "a particle's largest noise step, 40*sigma*sqrt(dt),", high=largest_step(model))
     set_(model, "lam", check_float("lam", model.lam, minimum=0))
     # the upwind Hamiltonian's Jacobian holds lam * Dm U / dx: lam / dx**2 per unit of U
     check_derived("lam", model.lam, model.lam / (dx * dx), "the Hamiltonian's Jacobian scale lam/dx**2")
@@ -333,6 +336,16 @@ def space_time_view(row: np.ndarray, model: MFGModel) -> np.ndarray:
     return np.broadcast_to(row, (model.Nt + 1, model.Nx))
 
 
+def largest_step(model: MFGModel) -> float:
+    """The longest a particle may move in one time step: 2**STEP_BITS domain lengths (see STEP_BITS)."""
+    return model.length * 2.0**STEP_BITS
+
+
+def drives_particles_too_far(model: MFGModel, U: np.ndarray) -> bool:
+    """Whether ``U``'s drift can move a particle further than :func:`largest_step` (or is not finite)."""
+    return not drift_bound(model, U) * model.dt <= largest_step(model)
+
+
 def drift_bound(model: MFGModel, U: np.ndarray) -> float:
     """A bound on the particles' drift ``-lam * dU/dx``: ``lam * (max U - min U) / dx``.
 
@@ -357,7 +370,8 @@ class FPProblem(MFGModel):
             object.__setattr__(self, "U", space_time_view(np.zeros(1), self))
         else:
             u = check_space_time("U", self.U, self)
-            check_derived("U", self.U, drift_bound(self, u), "the drift bound lam*(max U - min U)/dx")
+            check_derived("U", self.U, drift_bound(self, u) * self.dt,
+                          "a particle's largest drift step, lam*(max U - min U)/dx*dt,", high=largest_step(self))
             object.__setattr__(self, "U", u)
 
 
