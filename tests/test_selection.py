@@ -305,7 +305,8 @@ def test_tiering_up_can_be_turned_off(clean, monkeypatch):
     (lambda: core.plan(GridProblem(10), margin=-0.1), "margin=-0.1 is invalid: must be a finite number >= 0"),
     (lambda: core.evaluate("synthetic.bad", count=-1), "count=-1 is invalid: must be an integer >= 1"),
     (lambda: core.evaluate("synthetic.bad", repeats=0), "repeats=0 is invalid: must be an integer >= 1"),
-    (lambda: core.evaluate("synthetic.bad", seed="x"), "seed='x' is invalid: must be an integer >= 0"),
+    (lambda: core.evaluate("synthetic.bad", seed="x"),
+     "seed='x' is invalid: must be an integer >= 0 and <= 18446744073709551615"),
 ])
 def test_planning_and_evaluation_arguments_are_checked(clean, call, message):
     _install(_spec("synthetic.bad", {"serial": _echo}))
