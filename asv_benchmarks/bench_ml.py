@@ -18,7 +18,7 @@ from core.solver import backend_of
 from plugins.ml.dotgat.problem import DotGATProblem
 from plugins.ml.linreg_problem import preset_problem
 
-LINREG_IMPLEMENTATIONS = ["numpy", "numba", "torch:eager", "torch:compile", "torch:graph"]
+LINREG_IMPLEMENTATIONS = ["numpy", "numba:threads", "numba:serial", "torch:eager", "torch:compile", "torch:graph"]
 DOTGAT_IMPLEMENTATIONS = ["torch_cpu:naive", "torch_cpu:optimized", "torch:naive", "torch:optimized",
                           "torch:naive_compiled", "torch:optimized_compiled"]
 
@@ -51,7 +51,7 @@ class LinRegRatio:
     def track_numba_over_numpy(self) -> float:
         problem = preset_problem()
         numpy_s = median_seconds(lambda: core.solve(problem, backend="numpy", solver="ml.linreg"), repeats=1)
-        numba_s = median_seconds(lambda: core.solve(problem, backend="numba", solver="ml.linreg"))
+        numba_s = median_seconds(lambda: core.solve(problem, backend="numba:threads", solver="ml.linreg"))
         return numpy_s / numba_s
 
     track_numba_over_numpy.unit = "x"

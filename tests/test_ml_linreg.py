@@ -57,7 +57,7 @@ def test_reference_follows_the_closed_form_of_gradient_descent():
     assert out["loss_curve"][-1] < 0.5 * out["loss_curve"][0]  # it descends
 
 
-@pytest.mark.parametrize("backend", ["numba"])
+@pytest.mark.parametrize("backend", ["numba:threads", "numba:serial"])
 def test_cpu_backends_match_the_float64_reference(backend):
     problem = noisy_problem()
     assert_same_trajectory(core.solve(problem, backend=backend, solver="ml.linreg").outputs, solve_numpy(problem))
@@ -85,7 +85,9 @@ def test_numba_gives_the_same_bits_on_any_thread_count():
         runs = []
         for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):
             numba.set_num_threads(threads)
-            runs.append(core.solve(problem, backend="numba", solver="ml.linreg").outputs)
+            runs.append(core.solve(problem, backend="numba:threads", solver="ml.linreg").outputs)
+        runs.append(core.solve(problem, backend="numba:serial", solver="ml.linreg").outputs)
+        assert numba.get_num_threads() == threads  # the serial variant gives the threads back
     finally:
         numba.set_num_threads(before)
     for run in runs[1:]:
@@ -116,7 +118,7 @@ def test_preset_is_the_original_setup():
 def test_preset_run_numba_matches_reference_and_closed_form():
     problem = preset_problem()
     reference = solve_numpy(problem)
-    assert_same_trajectory(core.solve(problem, backend="numba", solver="ml.linreg").outputs, reference)
+    assert_same_trajectory(core.solve(problem, backend="numba:threads", solver="ml.linreg").outputs, reference)
     X, y = problem.data()
     theta, _ = closed_form(X, y, 0.01, 200, 0.83, 0.7645)
     np.testing.assert_allclose([float(reference["coef"]), float(reference["intercept"])], theta, rtol=1e-9)
@@ -155,7 +157,8 @@ def test_estimator_attributes_predict_and_score():
     estimator = LinearRegressionGD(learning_rate=0.05, n_epochs=60, coef_init=-0.4, intercept_init=2.0,
                                    backend="numba").fit(X2, problem.y)
     reference = solve_numpy(problem)
-    assert estimator.coef_.shape == (1,) and estimator.n_iter_ == 60 and estimator.backend_ == "numba"
+    assert estimator.coef_.shape == (1,) and estimator.n_iter_ == 60
+    assert estimator.backend_ in ("numba:threads", "numba:serial")  # "numba" names both variants
     np.testing.assert_allclose(estimator.coef_[0], float(reference["coef"]), rtol=RTOL)
     np.testing.assert_allclose(estimator.loss_curve_, reference["loss_curve"], rtol=RTOL)
     predicted = estimator.predict(X2)

@@ -140,8 +140,8 @@ def main() -> None:
     problem = preset_problem()
     reference = solve_numpy(problem)
     rows = {"numpy (float64 reference)": wall(lambda: solve_numpy(problem), args.cpu_repeats),
-            "numba (fused parallel pass)": wall(lambda: core.solve(problem, backend="numba", solver="ml.linreg"),
-                                                args.cpu_repeats)}
+            "numba (fused parallel pass)": wall(
+                lambda: core.solve(problem, backend="numba:threads", solver="ml.linreg"), args.cpu_repeats)}
     report = {"problem": "preset: 4,000,000 training points x 200 epochs", "seconds": rows,
               "numba_over_numpy_speedup": rows["numpy (float64 reference)"] / rows["numba (fused parallel pass)"],
               "reference_w_b": [float(reference["coef"]), float(reference["intercept"])]}

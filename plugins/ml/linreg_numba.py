@@ -5,6 +5,14 @@ needs (sum err^2, sum err*x, sum err). The samples are cut into a fixed
 number of blocks, whatever the thread count; every block sums into its own
 slot and the slots are added in order, so the answer is the same on 1 or
 64 threads (a deterministic two-stage reduction, no shared accumulator).
+
+Two variants of the one kernel: ``numba:threads`` runs each epoch's pass
+on every thread; ``numba:serial`` runs it on one thread. Every epoch is a
+fork and a join, so a small problem can lose more to the join than the
+threads win, and on a loaded machine one descheduled thread holds every
+epoch's join for a scheduler tick (a 3,605-sample, 19-epoch run took
+0.22 s on two threads, 0.3 ms on numpy, while other work loaded this
+2-core VM). The cost model measures both and chooses.
 """
 
 from __future__ import annotations
@@ -49,8 +57,17 @@ def _descend(x, y, learning_rate, n_epochs, w0, b0):
     return w, b, losses
 
 
-def solve_numba(problem: LinRegProblem) -> dict[str, np.ndarray]:
+def solve_numba(problem: LinRegProblem, serial: bool = False) -> dict[str, np.ndarray]:
+    import numba
+
     X, y = problem.data()
-    use_idle_cores()
-    w, b, losses = _descend(X, y, problem.learning_rate, problem.n_epochs, problem.w0, problem.b0)
+    before = numba.get_num_threads()
+    if serial:
+        numba.set_num_threads(1)
+    else:
+        use_idle_cores()
+    try:
+        w, b, losses = _descend(X, y, problem.learning_rate, problem.n_epochs, problem.w0, problem.b0)
+    finally:
+        numba.set_num_threads(before)
     return outputs(w, b, losses, problem.n_epochs)

@@ -35,7 +35,7 @@ def linreg_memory(problem: LinRegProblem, implementation: str) -> float:
     n = float(problem.n_samples)
     if implementation == "numpy":
         return 8.0 * n * 5  # x, y and three float64 temporaries of an epoch
-    if implementation == "numba":
+    if implementation.startswith("numba"):
         return 8.0 * n * 2
     if implementation == "torch:eager":
         return 4.0 * n * 2 + 8.0 * n * 6  # float32 data, float64 temporaries of the op-by-op epoch
@@ -66,7 +66,8 @@ LINREG = SolverSpec(
     problem_type=LinRegProblem,
     implementations={
         "numpy": lazy("plugins.ml.linreg_numpy", "solve_numpy"),
-        "numba": lazy("plugins.ml.linreg_numba", "solve_numba"),
+        "numba:threads": lazy("plugins.ml.linreg_numba", "solve_numba"),
+        "numba:serial": lazy("plugins.ml.linreg_numba", "solve_numba", serial=True),
         "torch:eager": lazy("plugins.ml.linreg_torch", "solve_torch", variant="eager"),
         "torch:compile": lazy("plugins.ml.linreg_torch", "solve_torch", variant="compile"),
         "torch:graph": lazy("plugins.ml.linreg_torch", "solve_torch", variant="graph"),
