@@ -65,8 +65,9 @@ SPEC = SolverSpec(
     size_axis="n_spectra",
     space=_space,
     memory=work.memory,
-    default_problem=lambda: SpectraProblem(n_spectra=64),
-    default_params=lambda: {"n_spectra": 64},
+    # small: the core builds the default problem whenever it loads the registry (synthetic spectra are made then)
+    default_problem=lambda: SpectraProblem(n_spectra=16),
+    default_params=lambda: {"n_spectra": 16},
     summarize=_summarize,
     description="stellar RV, vsini, teff, logg, [Fe/H], [alpha/Fe] of a batch of 3-arm spectra (CCF + LM)",
     version=__version__,

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from plugins.spectra.fit import FAILURE
-from plugins.spectra.model import N_PARAMS, PARAM_NAMES, covariance, evaluate, prepare
+from plugins.spectra.model import N_PARAMS, PARAM_NAMES, covariance, evaluate, float64_dtype, prepare
 from plugins.spectra.ops import NumpyOps
 from plugins.spectra.solve import fit_batch
 from plugins.spectra.synth import clean_flux, synthetic_spectra
@@ -33,7 +33,7 @@ def cramer_rao(library: TemplateLibrary, spectra: Any, clean: np.ndarray, degree
     out = np.empty((len(spectra), N_PARAMS))
     for start in range(0, len(spectra), 64):
         sl = slice(start, start + 64)
-        at_truth = evaluate(prep, ops.asarray(spectra.truth[sl], dtype=ops.float64(ops.asarray(0.0)).dtype),
+        at_truth = evaluate(prep, ops.asarray(spectra.truth[sl], dtype=float64_dtype(ops)),
                             ops.asarray(clean[sl]), ops.asarray(weight[sl]), jac=True)
         out[sl] = np.sqrt(np.diagonal(ops.to_numpy(covariance(prep, at_truth.hessian)), 0, 1, 2))
     return out

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from plugins.spectra.model import N_PARAMS, PARAM_NAMES, Prepared, covariance, evaluate, log_doppler
+from plugins.spectra.model import N_PARAMS, PARAM_NAMES, Prepared, covariance, evaluate, float64_dtype
 from plugins.spectra.templates import C_KMS, V_MAX
 
 # per-spectrum flags (bits of the FLAGS column); SUCCESS means none of FAILURE's bits
@@ -126,7 +126,7 @@ def ccf_start(prep: Prepared, flux: Any, weight: Any) -> Any:
     v0 = C_KMS * np.tanh(lag * prep.dlnw)
     theta0 = prep.node_params[nodes[k_best]]
     start = np.column_stack([np.clip(v0, -V_MAX, V_MAX), np.full(len(v0), START_VSINI), theta0])
-    return ops.asarray(start, dtype=ops.float64(ops.asarray(0.0)).dtype)
+    return ops.asarray(start, dtype=float64_dtype(ops))
 
 
 # -- the batched Levenberg-Marquardt --------------------------------------------------------
@@ -270,6 +270,3 @@ def finish(prep: Prepared, result: dict[str, Any], npix: np.ndarray, flags: np.n
                FLAGS=flags, SUCCESS=(flags & FAILURE) == 0)
     return out
 
-
-def log_doppler_np(v: np.ndarray) -> np.ndarray:
-    return log_doppler(np.asarray(v, dtype=np.float64), np)

@@ -163,20 +163,21 @@ def prepare(ops: Any, library: TemplateLibrary, wave: np.ndarray, arm: np.ndarra
     edges = np.flatnonzero(np.diff(arm)) + 1
     starts = [0, *edges.tolist()]
     stops = [*edges.tolist(), len(arm)]
-    return Prepared(ops=ops, table=table, axes=[ops.asarray(a, dtype=_f64(ops)) for a in library.axes],
+    return Prepared(ops=ops, table=table, axes=[ops.asarray(a, dtype=float64_dtype(ops)) for a in library.axes],
                     strides=strides, node_params=mesh,
                     node_bounds=[(float(a[0]), float(a[-1])) for a in library.axes], ln_wave0=ln_wave0,
                     dlnw=library.dlnw,
-                    u0=ops.asarray((lnw - ln_wave0) / library.dlnw, dtype=_f64(ops)),
+                    u0=ops.asarray((lnw - ln_wave0) / library.dlnw, dtype=float64_dtype(ops)),
                     basis=ops.asarray(basis), basis_t=ops.asarray(np.ascontiguousarray(basis.T)),
                     basis_outer=ops.asarray((basis[:, :, None] * basis[:, None, :]).reshape(len(wave), -1)),
                     local_basis=basis.reshape(len(wave), -1, degree + 1)[np.arange(len(wave)), arm],
                     arm=np.asarray(arm, dtype=np.int64),
-                    lower=ops.asarray(bounds_lo, _f64(ops)),
-                    upper=ops.asarray(bounds_hi, _f64(ops)), arm_slices=list(zip(starts, stops)), degree=degree)
+                    lower=ops.asarray(bounds_lo, float64_dtype(ops)),
+                    upper=ops.asarray(bounds_hi, float64_dtype(ops)), arm_slices=list(zip(starts, stops)),
+                    degree=degree)
 
 
-def _f64(ops: Any) -> Any:
+def float64_dtype(ops: Any) -> Any:
     return ops.torch.float64 if ops.name == "torch" else np.float64
 
 
@@ -233,7 +234,7 @@ def kernel_half_width(vsini_max: float, step_kms: float) -> int:
 def rotation_kernel(prep: Prepared, vsini: Any, half: int) -> Any:
     """(B, 2 half + 1) weights: the rotational profile integrated over each template pixel."""
     ops, xp = prep.ops, prep.ops.xp
-    m = ops.asarray(np.arange(-half, half + 1), dtype=_f64(ops))
+    m = ops.asarray(np.arange(-half, half + 1), dtype=float64_dtype(ops))
     step = prep.step_kms
     vs = ops.maximum(vsini, 1e-6)[:, None]
     hi = ops.clip((m + 0.5)[None, :] * step / vs, -1.0, 1.0)
@@ -346,7 +347,7 @@ def profile(prep: Prepared, shifted: Any, flux: Any, weight: Any, jac: bool, kee
 def covariance(prep: Prepared, hessian: Any) -> Any:
     """The inverse of the (projected) Fisher matrix, with the prior-width floor on degenerate directions."""
     ops = prep.ops
-    floor = ops.asarray(1.0 / PRIOR_WIDTH**2, dtype=_f64(ops))
+    floor = ops.asarray(1.0 / PRIOR_WIDTH**2, dtype=float64_dtype(ops))
     return ops.inv(hessian + ops.eye(N_PARAMS)[None] * floor[None, None, :])
 
 
