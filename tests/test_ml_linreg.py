@@ -105,6 +105,14 @@ def test_gpu_variants_match_the_float64_reference(backend):
     assert np.array_equal(first["loss_curve"], again["loss_curve"])  # deterministic reduction: same bits
 
 
+def test_moments_shortcut_is_a_separate_solver_on_the_same_trajectory():
+    """The shortcut is its own solver: ml.linreg never takes it (its problems go to ml.linreg by type)."""
+    problem = noisy_problem()
+    shortcut = core.solve(problem, backend="numpy", solver="ml.linreg_moments").outputs
+    assert_same_trajectory(shortcut, solve_numpy(problem))
+    assert core.solve(problem, backend="numpy").solver == "ml.linreg"
+
+
 def test_preset_is_the_original_setup():
     data = preset()
     assert len(data["X_train"]) == 4_000_000 and len(data["X_test"]) == 1_000_000

@@ -84,6 +84,19 @@ LINREG = SolverSpec(
 )
 
 
+LINREG_MOMENTS = SolverSpec(
+    name="ml.linreg_moments",
+    problem_type=LinRegProblem,
+    implementations={"numpy": lazy("plugins.ml.linreg_moments", "solve_moments")},
+    features=linreg_features,
+    size_axis="n_samples",
+    space=linreg_space,
+    memory=lambda problem, implementation: 8.0 * problem.n_samples * 2,
+    default_problem=LinRegProblem,
+    summarize=linreg_summary,
+    description="the same descent from five sums of one pass (the sufficient-statistics shortcut, O(1) an epoch)",
+)
+
 # -- ml.dotgat ---------------------------------------------------------------------------
 
 DOTGAT_VARIANTS = {  # implementation key -> (model, compiled, device)
@@ -165,4 +178,4 @@ DOTGAT = SolverSpec(
 
 
 def all_specs() -> list[SolverSpec]:
-    return [LINREG, DOTGAT]
+    return [LINREG, LINREG_MOMENTS, DOTGAT]
