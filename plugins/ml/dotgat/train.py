@@ -109,7 +109,9 @@ def train(trainer: Trainer, X: torch.Tensor, y: torch.Tensor, steps: int, batch:
           generator: torch.Generator) -> torch.Tensor:
     """``steps`` steps on random mini-batches of (X, y); the losses stay on the device until the end."""
     losses = torch.empty(steps, device=X.device)
+    # every step's batch drawn up front on the host (the same draws on any device) and copied once: a copy
+    # from pageable host memory each step would wait for the GPU each step
+    picks = torch.randint(len(X), (steps, batch), generator=generator, device="cpu").to(X.device)
     for index in range(steps):
-        pick = torch.randint(len(X), (batch,), generator=generator, device="cpu").to(X.device)
-        losses[index] = trainer.step(X[pick], y[pick])
+        losses[index] = trainer.step(X[picks[index]], y[picks[index]])
     return losses
