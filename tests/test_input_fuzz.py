@@ -83,6 +83,9 @@ def time_limit(seconds: int, what: str):
     signal.alarm(seconds)
     try:
         yield
+    except TimeoutError as error:
+        # raised afresh, without the interrupted frames: pytest cannot render a frame stopped inside C code
+        raise AssertionError(str(error)) from None
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
