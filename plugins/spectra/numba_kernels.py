@@ -9,6 +9,8 @@ which a batch of a few spectra does not repay.
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 from numba import prange
 
@@ -179,9 +181,19 @@ def _scatter_add(out, index, values):  # pragma: no cover - compiled
 
 _NAMES = {"interpolate_exp": _interpolate_exp, "resample": _resample, "profile": _profile,
           "scatter_add": _scatter_add}
-_SERIAL = {name: jit()(fn) for name, fn in _NAMES.items()}
-_PARALLEL = {name: jit(parallel=True)(fn) for name, fn in _NAMES.items()}
 
+
+def _variant(fn, suffix: str):
+    """A copy of ``fn`` under its own name: Numba's on-disk cache is keyed by the function's qualified
+    name, so a serial and a parallel build of one function would otherwise overwrite each other's entry
+    (and a serial call could load the parallel machine code, thread pool and all)."""
+    clone = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + suffix, fn.__defaults__, fn.__closure__)
+    clone.__qualname__ = fn.__qualname__ + suffix
+    return clone
+
+
+_SERIAL = {name: jit()(_variant(fn, "_serial")) for name, fn in _NAMES.items()}
+_PARALLEL = {name: jit(parallel=True)(_variant(fn, "_parallel")) for name, fn in _NAMES.items()}
 
 def _kernel(name: str, batch: int):
     return (_PARALLEL if batch >= PARALLEL_FROM else _SERIAL)[name]
