@@ -8,8 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from core import limits
 from core.backend import Availability, safe_describe
 from core.costmodel import history
@@ -147,8 +145,7 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
         used = decision.backend
         outputs, seconds, first = _run(spec, used, problem)
     return Result(solver=spec.name, backend=used, seconds=seconds, outputs=outputs, plan=decision,
-                  diagnostics={"problem": type(problem).__name__, "first_call": first,
-                               "non_finite_outputs": _non_finite(outputs)})
+                  diagnostics={"problem": type(problem).__name__, "first_call": first})
 
 
 def _refuse_if_too_long(spec: SolverSpec, problem: Any, decision: Plan, limit: float) -> None:
@@ -166,10 +163,3 @@ def _predicted_seconds(spec: SolverSpec, problem: Any, key: str, decision: Plan)
         return decision.predictions[key].seconds
     fitted = history.model(spec, key)  # a named backend's plan may carry no predictions
     return None if fitted is None else max(0.0, fitted.predict(model_features(spec, problem, key))[0])
-
-
-def _non_finite(outputs: dict) -> list[str]:
-    """Names of float outputs holding NaN or inf (flagged, never hidden)."""
-    return [name for name, value in outputs.items()
-            if np.issubdtype(np.asarray(value).dtype, np.floating) and not np.all(np.isfinite(value))]
-
