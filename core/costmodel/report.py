@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from core.backend import safe_free_memory
 from core.costmodel import history, store
 from core.costmodel.design import calibration_design, with_size
 from core.costmodel.features import model_features
@@ -94,7 +95,7 @@ def _records(spec: SolverSpec, implementation: str) -> list[dict[str, Any]]:
 
 def _free_memory(models: Mapping[str, Any]) -> dict[str, float | None]:
     backends = get_registry().backends
-    return {name: backends[backend_of(name)].free_memory() for name in models if backend_of(name) in backends}
+    return {name: safe_free_memory(backends[backend_of(name)]) for name in models if backend_of(name) in backends}
 
 
 def _one_offs(spec: SolverSpec, models: Mapping[str, Any]) -> dict[str, dict[str, float]]:
