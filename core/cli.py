@@ -369,16 +369,18 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         table.add_column(column)
     payload = []
     for report in reports:
+        if report.error:  # its plugin's fault: the others were calibrated all the same
+            table.add_row(report.solver, "-", "0", "-", "-", "-", "-", f"[red]{escape(report.error)}[/red]")
         for row in report.backends:
             one_off = "-" if row.one_off_seconds is None else f"{row.one_off_seconds:.3f}"
             start = "-" if row.start_seconds is None else f"{row.start_seconds:.3f}"
             table.add_row(report.solver, row.backend, str(row.samples), str(row.skipped), start, one_off,
                           f"{row.seconds_spent:.1f}", escape(row.stopped))
-        payload.append({"solver": report.solver, "seconds": report.seconds,
+        payload.append({"solver": report.solver, "seconds": report.seconds, "error": report.error,
                         "backends": [vars(row) for row in report.backends]})
     totals = [f"{r.solver}: {r.problems} designed problems, {r.seconds:.1f} s in all" for r in reports]
     _emit(args, payload, table, *totals)
-    return 0
+    return FAULT if any(r.error for r in reports) else 0
 
 
 def _verdict(decision: core.Plan, name: str) -> str:

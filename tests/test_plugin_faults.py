@@ -190,3 +190,17 @@ def _no_warning():
     import contextlib
 
     return contextlib.nullcontext()
+
+
+def test_crossover_calibrate_names_the_broken_solver_and_calibrates_the_rest(tmp_path, monkeypatch, fresh_registry,
+                                                                             empty_cache, capsys):
+    import json
+
+    from core.cli import main
+
+    _install(tmp_path, monkeypatch, "space")
+    assert main(["calibrate", "acme.triangular", "example.random_walk", "--budget", "1", "--json"]) == 1
+    rows = {row["solver"]: row for row in json.loads(capsys.readouterr().out)}
+    assert "plugin 'acme'" in rows["acme.triangular"]["error"] and "space() raised" in rows["acme.triangular"]["error"]
+    assert rows["example.random_walk"]["error"] == ""
+    assert any(b["samples"] > 0 for b in rows["example.random_walk"]["backends"])
