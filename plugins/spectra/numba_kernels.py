@@ -3,8 +3,8 @@
 Each kernel writes one spectrum's rows per iteration of its outer loop, so
 the answer does not depend on the thread count. Every kernel is compiled
 twice, serial and parallel: a parallel region costs a thread-pool wake-up
-(tens of microseconds on an idle machine, milliseconds on a busy one),
-which a batch of a few spectra does not repay.
+(tens of microseconds on an idle machine, up to tens of milliseconds on a
+busy one), which a batch of a few spectra does not repay.
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ from numba import prange
 from core.backends.numba_threads import jit
 from plugins.spectra.ops import NumpyOps
 
-PARALLEL_FROM = 4  # spectra: smaller batches run the serial kernels
+# spectra: smaller batches run the serial kernels. Each evaluation opens four parallel regions; on a
+# busy 2-core VM a region waits 10-30 ms for a descheduled thread, which a batch of fewer than ~16
+# spectra (about 1 ms of work each per region) does not repay
+PARALLEL_FROM = 16
 
 
 def _interpolate_exp(table, idx, w, dw, derivatives):  # pragma: no cover - compiled
