@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from plugins.spectra.accuracy import accuracy_run
-from plugins.spectra.ops import numba_ops
+from plugins.spectra.solve import numba_ops
 from plugins.spectra.templates import named_library
 
 N = 150

@@ -7,9 +7,9 @@ import pytest
 
 import core
 from plugins.spectra.accuracy import accuracy_run
-from plugins.spectra.ops import TorchOps, numba_ops
+from plugins.spectra.ops import TorchOps
 from plugins.spectra.problem import SpectraProblem
-from plugins.spectra.solve import fit_batch
+from plugins.spectra.solve import fit_batch, numba_ops
 from plugins.spectra.synth import synthetic_spectra
 from plugins.spectra.templates import named_library
 

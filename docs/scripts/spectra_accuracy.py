@@ -23,11 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from plugins.spectra.accuracy import accuracy_run
-from plugins.spectra.ops import NumpyOps, TorchOps, numba_ops
-from plugins.spectra.solve import fit_batch
+from plugins.spectra.accuracy import accuracy_run, interpolation_error
+from plugins.spectra.ops import NumpyOps, TorchOps
+from plugins.spectra.solve import fit_batch, numba_ops
 from plugins.spectra.synth import synthetic_spectra
-from plugins.spectra.templates import GRIDS, Generator, interpolation_error, named_library
+from plugins.spectra.templates import GRIDS, Generator, named_library
 
 ACCEPTANCE = {"median_dv_over_sigma": "|x| < 0.1", "rv_scatter_over_crb": "<= 1.2", "pull_std_v": "0.9 - 1.2",
               "outlier_fraction": "< 0.01", "pull_std_teff": "0.8 - 1.3", "pull_std_logg": "0.8 - 1.3",

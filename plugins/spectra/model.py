@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -266,7 +267,9 @@ def shifted_templates(prep: Prepared, p: Any, jac: bool) -> Any:
     beta = p[:, 0] / C_KMS
     shift = log_doppler(p[:, 0], xp) / prep.dlnw  # in template pixels
     du_dv = -1.0 / (C_KMS * (1 - beta * beta) * prep.dlnw)
-    return ops.resample(prep.u0, channels, kernel, dk, shift, du_dv)
+    # an array library with a compiled version of the whole step (numba) provides it; others run the generic one
+    custom = getattr(ops, "resample", None)
+    return (custom or partial(resample, ops))(prep.u0, channels, kernel, dk, shift, du_dv)
 
 
 def resample(ops: Any, u0: Any, channels: Any, kernel: Any, dk: Any, shift: Any, du_dv: Any) -> Any:
@@ -306,7 +309,11 @@ def evaluate(prep: Prepared, p: Any, flux: Any, weight: Any, jac: bool = False,
              keep_jacobian: bool = False) -> Evaluation:
     """chi-square of ``p`` (B, 6) with the continuum solved linearly; with ``jac`` the normal equations too."""
     shifted = shifted_templates(prep, p, jac)
-    return prep.ops.profile(prep, shifted, flux, weight, jac, keep_jacobian)
+    custom = getattr(prep.ops, "profile", None)
+    if custom is None:
+        return profile(prep, shifted, flux, weight, jac, keep_jacobian)
+    chi2, coeffs, model, hessian, gradient, jproj = custom(prep, shifted, flux, weight, jac, keep_jacobian, RIDGE)
+    return Evaluation(chi2=chi2, coeffs=coeffs, model=model, hessian=hessian, gradient=gradient, jproj=jproj)
 
 
 def profile(prep: Prepared, shifted: Any, flux: Any, weight: Any, jac: bool, keep_jacobian: bool) -> Evaluation:
@@ -351,12 +358,10 @@ def covariance(prep: Prepared, hessian: Any) -> Any:
     return ops.inv(hessian + ops.eye(N_PARAMS)[None] * floor[None, None, :])
 
 
-def interpolate_logflux(library: TemplateLibrary, params: np.ndarray) -> np.ndarray:
-    """ln F at (n, 4) grid parameters by multilinear interpolation, on the full template grid (NumPy)."""
-    from plugins.spectra.ops import NumpyOps
-
+def interpolate_logflux(library: TemplateLibrary, params: np.ndarray, ops: Any) -> np.ndarray:
+    """ln F at (n, 4) grid parameters by multilinear interpolation, on the full template grid (numpy ``ops``)."""
     wave = library.wave[[200, -200]]
-    prep = prepare(NumpyOps(), library, wave, np.zeros(2, dtype=int), 0)
+    prep = prepare(ops, library, wave, np.zeros(2, dtype=int), 0)
     prep.table = library.logflux
     idx, w, _ = corners(prep, np.asarray(params, dtype=np.float64), False)
-    return NumpyOps().interpolate(library.logflux, idx, w, None)[:, 0]
+    return ops.interpolate(library.logflux, idx, w, None)[:, 0]

@@ -223,18 +223,15 @@ class NumbaOps(NumpyOps):
             np.ascontiguousarray(dk if jac else kernel, dtype=f64), np.ascontiguousarray(shift, dtype=f64),
             np.ascontiguousarray(du_dv, dtype=f64), np.ascontiguousarray(u0, dtype=f64), jac)
 
-    def profile(self, prep, shifted, flux, weight, jac, keep_jacobian):
-        from plugins.spectra.model import RIDGE, Evaluation
-
+    def profile(self, prep, shifted, flux, weight, jac, keep_jacobian, ridge):
+        """model.profile's answer as a tuple: chi2, coeffs, model, hessian, gradient, jproj (None where not asked)."""
         chi2, coeffs, model, hessian, gradient, jproj = _kernel("profile", shifted.shape[0])(
             np.ascontiguousarray(shifted, dtype=np.float64), np.ascontiguousarray(flux, dtype=np.float64),
             np.ascontiguousarray(weight, dtype=np.float64), np.ascontiguousarray(prep.local_basis, dtype=np.float64),
-            prep.arm, len(prep.arm_slices), RIDGE, jac, keep_jacobian)
-        out = Evaluation(chi2=chi2, coeffs=coeffs, model=model)
-        if jac:
-            out.hessian, out.gradient = hessian, gradient
-            out.jproj = jproj if keep_jacobian else None
-        return out
+            prep.arm, len(prep.arm_slices), ridge, jac, keep_jacobian)
+        if not jac:
+            return chi2, coeffs, model, None, None, None
+        return chi2, coeffs, model, hessian, gradient, (jproj if keep_jacobian else None)
 
     def scatter_add(self, out, index, values):
         return _kernel("scatter_add", out.shape[0])(out, np.ascontiguousarray(index),

@@ -121,18 +121,6 @@ class NumpyOps:
     def cat(self, arrays, axis: int):
         return np.concatenate(arrays, axis=axis)
 
-    def resample(self, u0, channels, kernel, dk, shift, du_dv):
-        """Broaden, shift and read the template channels at the data pixels (see model.resample)."""
-        from plugins.spectra.model import resample
-
-        return resample(self, u0, channels, kernel, dk, shift, du_dv)
-
-    def profile(self, prep, shifted, flux, weight, jac, keep_jacobian):
-        """The continuum's linear solve, chi-square and the normal equations (see model.profile)."""
-        from plugins.spectra.model import profile
-
-        return profile(prep, shifted, flux, weight, jac, keep_jacobian)
-
     def broaden_at(self, x, kernel, j0):
         """The convolution of x with each row's kernel, read at template pixels j0 and j0 + 1 (B, C, N) each."""
         return self.gather_pairs(self.convolve(x, kernel), j0)
@@ -249,9 +237,3 @@ class TorchOps(NumpyOps):
         index = j0[:, None, :].expand(x.shape[0], x.shape[1], j0.shape[1])
         return self.torch.gather(x, 2, index), self.torch.gather(x, 2, index + 1)
 
-
-def numba_ops() -> NumpyOps:
-    """NumPy arithmetic with the hot loops compiled by Numba, parallel over spectra."""
-    from plugins.spectra import numba_kernels
-
-    return numba_kernels.NumbaOps()

@@ -20,7 +20,7 @@ import numpy as np
 from core import tasks
 from plugins.spectra.fit import ccf_start, finish, lm_batch, reference_fit, usable
 from plugins.spectra.model import Spectra, prepare
-from plugins.spectra.ops import NumpyOps, TorchOps, numba_ops
+from plugins.spectra.ops import NumpyOps, TorchOps
 from plugins.spectra.problem import SpectraProblem
 from plugins.spectra.templates import TemplateLibrary
 
@@ -65,6 +65,13 @@ def usable_measures(prep: Any, flux: Any, weight: Any) -> tuple[np.ndarray, np.n
     used = weight > 0
     per_arm = xp.stack([xp.sum(used[:, a:b], 1) for a, b in prep.arm_slices], 1)
     return ops.to_numpy(per_arm).astype(np.int64), ops.to_numpy(xp.sum(ops.float64(weight * flux * flux), 1))
+
+
+def numba_ops() -> NumpyOps:
+    """NumPy arithmetic with every batch-sized loop compiled by Numba (imported on first use)."""
+    from plugins.spectra.numba_kernels import NumbaOps
+
+    return NumbaOps()
 
 
 def _outputs(columns: dict[str, np.ndarray], seconds: float) -> dict[str, np.ndarray]:

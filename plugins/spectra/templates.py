@@ -15,8 +15,9 @@ line list and therefore the same library on every machine, which is why the
 realistic library is regenerated where it is needed rather than shipped.
 
 The strengths vary smoothly and only moderately between grid nodes, so that
-multilinear interpolation of ln F is accurate: :func:`interpolation_error`
-measures it against the exact generator at off-grid parameters.
+multilinear interpolation of ln F is accurate: ``interpolation_error``
+measures it against the exact generator at off-grid parameters
+(``plugins.spectra.accuracy.interpolation_error``).
 """
 
 from __future__ import annotations
@@ -341,28 +342,7 @@ def named_library(grid: str = "small", seed: int = 0) -> TemplateLibrary:
     return library
 
 
-def interpolation_error(library: TemplateLibrary, generator: Generator, n: int = 200,
-                        seed: int = 1) -> dict[str, float]:
-    """Flux error of multilinear interpolation at random off-grid parameters against the exact generator.
-
-    Returned as fractions of the continuum-normalised flux (the flux divided by
-    its own smooth continuum): rms over pixels and samples, the largest, and the 99.9th percentile.
-    """
-    from plugins.spectra.model import interpolate_logflux
-
-    rng = np.random.default_rng(seed)
-    params = rng.uniform(library.lower, library.upper, size=(n, 4))
-    exact = generator.logflux(params)
-    approx = interpolate_logflux(library, params)
-    # compare fluxes relative to the local flux level: exp(ln F_approx - ln F_exact) - 1, weighted by the
-    # line-free level so that an error deep in a saturated core (flux ~ 0) counts as little as it does in data
-    level = np.exp(exact - _upper_envelope(exact))
-    diff = (np.exp(approx - exact) - 1.0) * level
-    return {"rms": float(np.sqrt(np.mean(diff**2))), "max": float(np.max(np.abs(diff))),
-            "p999": float(np.quantile(np.abs(diff), 0.999))}
-
-
-def _upper_envelope(logflux: np.ndarray, width: int = 401) -> np.ndarray:
+def upper_envelope(logflux: np.ndarray, width: int = 401) -> np.ndarray:
     from scipy.ndimage import maximum_filter1d, uniform_filter1d
 
     return uniform_filter1d(maximum_filter1d(logflux, width, axis=-1), width, axis=-1)
