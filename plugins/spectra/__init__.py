@@ -44,7 +44,7 @@ def _summarize(problem: SpectraProblem, outputs: Any) -> str:
     ok = np.asarray(outputs["SUCCESS"], dtype=bool)
     median_error = float(np.nanmedian(outputs["VRAD_ERR"])) if ok.any() else float("nan")
     text = f"{problem.n_spectra} spectra, {int(ok.sum())} fitted; median VRAD_ERR {median_error:.2f} km/s"
-    truth = problem.spectra.truth if problem.spectra is not None else None
+    truth = problem.data().truth
     if truth is not None and ok.any():
         pull = (np.asarray(outputs["VRAD"]) - truth[:, 0])[ok] / np.asarray(outputs["VRAD_ERR"])[ok]
         text += f", RV pull std {np.std(pull):.2f} (1 expected)"

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import ProblemError
-from core.validation import check_float, check_int, check_seed
+from core.validation import check_float, check_int, check_seed, fail
 from plugins.spectra.model import Spectra, arm_wavelengths
 from plugins.spectra.templates import GRIDS, TemplateLibrary, load, named_library
 
@@ -45,8 +45,8 @@ class SpectraProblem:
         object.__setattr__(self, "snr", check_float("snr", self.snr, minimum=0, strict_minimum=True))
         object.__setattr__(self, "seed", check_seed("seed", self.seed))
         if not isinstance(self.grid, str) or not (self.grid in GRIDS or self.grid.endswith(".npz")):
-            raise ProblemError(f"grid={self.grid!r} is invalid: must be one of {', '.join(GRIDS)} or the path of "
-                               "a template library (.npz)")
+            raise fail("grid", self.grid, f"must be one of {', '.join(GRIDS)} or the path of a template library "
+                       "(.npz)")
         if self.spectra is not None:
             if not isinstance(self.spectra, Spectra):
                 raise ProblemError(f"spectra={type(self.spectra).__name__} is invalid: must be a "
@@ -57,11 +57,24 @@ class SpectraProblem:
             return
         object.__setattr__(self, "n_spectra", check_int("n_spectra", self.n_spectra, minimum=1, maximum=10**7))
         object.__setattr__(self, "n_pixels", check_int("n_pixels", self.n_pixels, minimum=100, maximum=FULL_PIXELS))
-        from plugins.spectra.synth import synthetic_spectra
 
-        object.__setattr__(self, "spectra", synthetic_spectra(self.library(), self.n_spectra, snr=self.snr,
-                                                              n_pixels=self.n_pixels, degree=self.degree,
-                                                              seed=self.seed or 0))
+    def data(self) -> Spectra:
+        """The spectra to fit: those given, or the synthetic ones, generated on first use.
+
+        Lazily, so that constructing a problem (the registry's check of the
+        default, the cost model's designed problems, a plan for a million
+        spectra) never synthesises data nor builds a template grid.
+        """
+        if self.spectra is not None:
+            return self.spectra
+        synthetic = self.__dict__.get("_synthetic")
+        if synthetic is None:
+            from plugins.spectra.synth import synthetic_spectra
+
+            synthetic = synthetic_spectra(self.library(), self.n_spectra, snr=self.snr, n_pixels=self.n_pixels,
+                                          degree=self.degree, seed=self.seed or 0)
+            object.__setattr__(self, "_synthetic", synthetic)  # a cache, not a field: equality ignores it
+        return synthetic
 
     def library(self) -> TemplateLibrary:
         if self.grid in GRIDS:

@@ -81,7 +81,7 @@ def _outputs(columns: dict[str, np.ndarray], seconds: float) -> dict[str, np.nda
 
 def _solve(problem: SpectraProblem, ops: Any, method: str, table: Any = None) -> dict[str, np.ndarray]:
     started = time.perf_counter()
-    columns = fit_batch(problem.spectra, problem.library(), ops, method=method, degree=problem.degree,
+    columns = fit_batch(problem.data(), problem.library(), ops, method=method, degree=problem.degree,
                         max_iter=problem.max_iter, tol=problem.tol, table=table)
     return _outputs(columns, time.perf_counter() - started)
 
@@ -144,7 +144,7 @@ def chunks(n: int) -> list[tuple[int, int]]:
 
 def solve_parallel(problem: SpectraProblem, backend: str) -> dict[str, np.ndarray]:
     started = time.perf_counter()
-    spectra = problem.spectra
+    spectra = problem.data()
     problem.library()  # a named grid is generated and saved here once, then every worker reads the file
     bounds = chunks(len(spectra))
     jobs = [(a, b, problem.grid, problem.degree, problem.max_iter, problem.tol, spectra.arm_names) for a, b in bounds]
