@@ -31,7 +31,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from scipy.stats import qmc
 
 from core.errors import CrossoverError
 from core.solver import SizeSpace, SolverSpec, try_problem
@@ -65,6 +64,8 @@ def _middle_picks(spec: SolverSpec, space: SizeSpace) -> dict[str, Any]:
 def _halton_params(spec: SolverSpec, space: SizeSpace, count: int, seed: int) -> list[dict]:
     names = list(space.ranges)
     choice_names = list(space.choices)
+    from scipy.stats import qmc  # here, not at the top: importing scipy.stats costs the CLI ~0.4 s
+
     sampler = qmc.Halton(d=len(names) + len(choice_names), scramble=True, seed=seed)
     points = sampler.random(count)
     found = []

@@ -35,7 +35,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import nnls
 
 # a prediction whose features are beyond this factor of the fitted region is "extrapolated"
 EXTRAPOLATION_FACTOR = 2.0
@@ -131,6 +130,8 @@ def _solve(design: np.ndarray, seconds: np.ndarray, columns: Sequence[int]) -> n
     # columns scaled to unit maximum so NNLS is well conditioned across 1 .. 1e10 feature values
     scale = np.abs(weighted).max(axis=0)
     scale[scale == 0] = 1.0
+    from scipy.optimize import nnls  # here, not at the top: importing scipy.optimize costs the CLI ~0.6 s
+
     solution, _ = nnls(weighted / scale, np.ones(len(seconds)))
     coefficients = np.zeros(design.shape[1])
     coefficients[list(columns)] = solution / scale
