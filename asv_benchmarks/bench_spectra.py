@@ -36,24 +36,8 @@ def _skip(backend: str, batch: int) -> None:
         raise NotImplementedError(f"the numpy reference is timed up to {NUMPY_LIMIT} spectra")
 
 
-class SpectraFit:
-    """Seconds to fit a batch of spectra on each backend."""
-
-    params = (BACKENDS, BATCHES)
-    param_names = ("backend", "batch")
-    timeout = 900
-
-    def setup(self, backend: str, batch: int) -> None:
-        _skip(backend, batch)
-        self.problem = _problem(batch)
-        core.solve(_problem(min(batch, 64)), backend=backend)  # warm-up: JIT, pool, library on the device
-
-    def time_fit(self, backend: str, batch: int) -> None:
-        core.solve(self.problem, backend=backend)
-
-
-class SpectraThroughput:
-    """Spectra per second (the issue's goals: >= 10 per CPU core; >= 5,000 on a GPU at batch 4096)."""
+class _Batches:
+    """One backend and batch size per case, warmed up (JIT, pool, library on the device) before timing."""
 
     params = (BACKENDS, BATCHES)
     param_names = ("backend", "batch")
@@ -63,6 +47,17 @@ class SpectraThroughput:
         _skip(backend, batch)
         self.problem = _problem(batch)
         core.solve(_problem(min(batch, 64)), backend=backend)
+
+
+class SpectraFit(_Batches):
+    """Seconds to fit a batch of spectra on each backend."""
+
+    def time_fit(self, backend: str, batch: int) -> None:
+        core.solve(self.problem, backend=backend)
+
+
+class SpectraThroughput(_Batches):
+    """Spectra per second (the issue's goals: >= 10 per CPU core; >= 5,000 on a GPU at batch 4096)."""
 
     def track_spectra_per_second(self, backend: str, batch: int) -> float:
         seconds = median_seconds(lambda: core.solve(self.problem, backend=backend), repeats=1 if batch > 64 else 3)

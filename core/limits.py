@@ -15,7 +15,8 @@ import math
 import os
 from typing import Any
 
-from core.errors import TooLongError
+from core.errors import PluginError, TooLongError
+from core.running import memory_need
 from core.validation import fail
 
 DEFAULT_MAX_SECONDS = 3600.0
@@ -75,8 +76,8 @@ def refuse_if_too_long(solver: str, implementation: str, seconds: float | None, 
 
 
 def predicted_memory(spec: Any, problem: Any, implementation: str) -> float | None:
-    """The plugin's memory estimate, or None where it cannot give one (the message then leaves it out)."""
+    """The plugin's checked memory estimate, or None where it cannot give one (the message then leaves it out)."""
     try:
-        return float(spec.memory(problem, implementation))
-    except Exception:  # only decorates a message; the plan has already blamed a broken estimate
+        return memory_need(spec, problem, implementation)
+    except PluginError:  # only decorates a message; the plan has already blamed a broken estimate
         return None
