@@ -64,10 +64,12 @@ def test_workers_run_one_blas_and_one_numba_thread():
 
 
 def test_idle_workers_cores_go_to_the_last_running_task():
-    # task 1 outlives tasks 0 and 2: it starts while task 2 still waits (one core), and once
-    # the others are done it may use both workers' cores; task 2 starts with nothing waiting
-    # but task 1 running, so it gets one core of two
-    results = process_pool.map_tasks(pt.cores_before_and_after, [0.0, 3.0, 0.0], workers=2)
+    # task 1 outlives tasks 0 and 2: it starts while task 0 runs and task 2 still waits (one
+    # core), and once the others are done it may use both workers' cores; task 2 starts with
+    # nothing waiting but task 1 running, so it gets one core of two. Both workers are up and
+    # tasks 0 and 2 last 1 s, so a loaded CI machine cannot finish them before task 1 starts.
+    process_pool.start_pool(workers=2)
+    results = process_pool.map_tasks(pt.cores_before_and_after, [1.0, 4.0, 1.0], workers=2)
     assert results[1] == (1, 1, 2, 2)
     assert results[2][:2] == (1, 1)
     # 3 workers, 2 long tasks left: the spare core goes to the one that started last (task 3,
