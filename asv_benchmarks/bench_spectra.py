@@ -17,7 +17,7 @@ from plugins.spectra.problem import SpectraProblem
 from plugins.spectra.synth import synthetic_spectra
 from plugins.spectra.templates import named_library
 
-BACKENDS = ["numpy", "numba", "process", "torch"]
+BACKENDS = ["numpy", "numba:serial", "numba:threads", "process", "torch"]
 BATCHES = [1, 8, 64, 512, 4096]
 GRID = "realistic"
 NUMPY_LIMIT = 64
@@ -29,7 +29,7 @@ def _problem(batch: int) -> SpectraProblem:
 
 
 def _skip(backend: str, batch: int) -> None:
-    status = core.availability(backend)
+    status = core.availability(backend.split(":", 1)[0])  # a variant runs on its backend
     if not status.available:
         raise NotImplementedError(f"backend {backend!r} is unavailable here: {status.reason}")
     if backend == "numpy" and batch > NUMPY_LIMIT:

@@ -70,10 +70,25 @@ def test_torch_epoch_matches_the_reference_on_cpu(variant):
     The size is no multiple of the block, so the padding is exercised.
     """
     pytest.importorskip("torch")
-    from plugins.ml.linreg_torch import BLOCK, solve_on
+    from plugins.ml.linreg_torch import MIN_BLOCK, solve_on
 
-    problem = noisy_problem(n=3 * BLOCK + 17)
+    problem = noisy_problem(n=3 * MIN_BLOCK + 17)
     assert_same_trajectory(solve_on(problem, "cpu", variant), solve_numpy(problem))
+
+
+def test_the_stage_one_block_gives_enough_blocks_within_bounds():
+    pytest.importorskip("torch")
+    from plugins.ml.linreg_torch import MAX_BLOCK, MIN_BLOCK, TARGET_BLOCKS, block_size, layout
+
+    for n in (1, 1000, 3 * MIN_BLOCK + 17, 100_000, 4_000_000, 10**9):
+        block = block_size(n)
+        assert MIN_BLOCK <= block <= MAX_BLOCK and block & (block - 1) == 0
+        blocks, same = layout(n)
+        assert same == block and (blocks - 1) * block < n <= blocks * block
+        # between half the target and the target (enough to fill a GPU's SMs), unless a bound holds the block
+        assert blocks <= TARGET_BLOCKS or block == MAX_BLOCK
+        assert blocks > TARGET_BLOCKS // 2 or block == MIN_BLOCK
+    assert block_size(4_000_000) == MAX_BLOCK  # the preset: 245 blocks of 16,384
 
 
 def test_numba_gives_the_same_bits_on_any_thread_count():

@@ -206,7 +206,7 @@ def _pulls(out, truth):
 
 def test_every_backend_gives_the_same_answers_within_a_small_fraction_of_sigma(library, batch):
     reference = fit_batch(batch, library, NumpyOps(), method="scipy")
-    for ops in (numba_ops(), TorchOps("cpu")):
+    for ops in (numba_ops(True), numba_ops(False), TorchOps("cpu")):
         out = fit_batch(batch, library, ops)
         assert np.all(out["SUCCESS"]), ops.name
         for name in ("VRAD", "TEFF", "LOGG", "FEH", "ALPHA"):
@@ -216,13 +216,16 @@ def test_every_backend_gives_the_same_answers_within_a_small_fraction_of_sigma(l
 
 
 def test_the_threaded_fit_is_reproducible_to_the_last_bit(library):
-    """Numba's kernels run spectra on threads: each spectrum's arithmetic must not depend on the others'."""
+    """Numba's kernels run spectra on threads: each spectrum's arithmetic must not depend on the others',
+    so the threaded build, run twice, and the serial build give the same bits."""
     from plugins.spectra.numba_kernels import PARALLEL_FROM
 
     spectra = synthetic_spectra(library, PARALLEL_FROM + 4, snr=30, seed=15)  # big enough for the threaded build
-    first, second = fit_batch(spectra, library, numba_ops()), fit_batch(spectra, library, numba_ops())
+    first, second = fit_batch(spectra, library, numba_ops()), fit_batch(spectra, library, numba_ops(True))
+    serial = fit_batch(spectra, library, numba_ops(False))
     for name in ("VRAD", "VRAD_ERR", "TEFF", "CHISQ"):
         assert np.array_equal(first[name], second[name]), name
+        assert np.array_equal(first[name], serial[name]), name
 
 
 def test_the_ccf_start_finds_the_velocity_over_the_whole_range(library):
@@ -238,8 +241,8 @@ def test_fit_spectra_through_the_core_names_the_backend(library):
     from plugins.spectra import fit_spectra
 
     spectra = synthetic_spectra(library, 4, snr=40, seed=9)
-    result = fit_spectra(spectra, backend="numba")
-    assert result.backend == "numba"
+    result = fit_spectra(spectra, backend="numba")  # the device: the models pick serial or threads
+    assert result.backend in ("numba:serial", "numba:threads")
     assert np.all(np.abs(_pulls(result.outputs, spectra.truth)) < 5)
     assert list(result.outputs["TARGETID"]) == list(spectra.targetid)
 
@@ -400,7 +403,8 @@ def test_the_solver_is_registered_with_its_size_space_and_features():
     import core
 
     spec = core.solvers()["spectra.fit"]
-    assert {"numpy", "numba", "torch"} <= set(spec.implementations) and spec.parallel is not None
+    assert {"numpy", "numba:serial", "numba:threads", "torch"} <= set(spec.implementations)
+    assert spec.parallel is not None
     space = spec.space(False)
     assert {"n_spectra", "n_pixels", "max_iter"} <= set(space.ranges) and "grid" in space.choices
     from plugins.spectra.problem import SpectraProblem

@@ -139,7 +139,7 @@ def markdown(payload: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="numpy,numba,process,torch")
+    parser.add_argument("--backends", default="numpy,numba:serial,numba:threads,process,torch")
     parser.add_argument("--batches", default="1,8,64,512,4096")
     parser.add_argument("--grid", default="realistic")
     parser.add_argument("--snr", type=float, default=20.0)
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"{machine()}: {max(batches)} spectra generated in {time.perf_counter() - started:.1f} s")
     results = {}
     for backend in args.backends.split(","):
-        status = core.availability(backend)
+        status = core.availability(backend.split(":", 1)[0])  # a variant (numba:serial) runs on its backend
         if not status.available:
             log(f"{backend}: unavailable ({status.reason})")
             continue

@@ -2,8 +2,8 @@
 
 ``spectra.fit`` fits a batch of spectra (v, vsini, teff, logg, [Fe/H],
 [alpha/Fe], with errors from the curvature) on numpy (scipy, one spectrum
-at a time: the reference), numba (the batched Levenberg-Marquardt on CPU
-threads), any parallel backend (chunks of spectra as tasks) and torch (the
+at a time: the reference), numba (the batched Levenberg-Marquardt on CPU,
+threaded or serial), any parallel backend (chunks of spectra as tasks) and torch (the
 batched fit on the GPU). :func:`fit_spectra` is the entry point for users;
 ``crossover fit-spectra`` runs it on a DESI-style coadd FITS file.
 See docs/spectra.md.
@@ -21,7 +21,7 @@ from plugins.spectra import work
 from plugins.spectra.model import Spectra
 from plugins.spectra.problem import FULL_PIXELS, SpectraProblem
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # 0.2: the "steps" feature (timings stored by 0.1 lack it)
 __all__ = ["Spectra", "SpectraProblem", "fit_spectra"]
 
 
@@ -55,7 +55,8 @@ SPEC = SolverSpec(
     name="spectra.fit",
     problem_type=SpectraProblem,
     implementations={"numpy": lazy("plugins.spectra.solve", "solve_numpy"),
-                     "numba": lazy("plugins.spectra.solve", "solve_numba"),
+                     "numba:threads": lazy("plugins.spectra.solve", "solve_numba", parallel=True),
+                     "numba:serial": lazy("plugins.spectra.solve", "solve_numba", parallel=False),
                      "torch": lazy("plugins.spectra.solve", "solve_torch")},
     parallel=lazy("plugins.spectra.solve", "solve_parallel"),
     parallel_tasks=lambda problem: float(len(_chunks(problem.n_spectra))),

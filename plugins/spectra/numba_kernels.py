@@ -17,9 +17,10 @@ from numba import prange
 from core.backends.numba_threads import jit
 from plugins.spectra.ops import NumpyOps
 
-# spectra: smaller batches run the serial kernels. Each evaluation opens four parallel regions; on a
-# busy 2-core VM a region waits 10-30 ms for a descheduled thread, which a batch of fewer than ~16
-# spectra (about 1 ms of work each per region) does not repay
+# spectra: smaller batches run the serial kernels when nobody chose (a process worker's chunk). Each
+# evaluation opens four parallel regions; on a busy 2-core VM a region waits 10-30 ms for a descheduled
+# thread, which a batch of fewer than ~16 spectra (about 1 ms of work each per region) does not repay.
+# spectra.fit's own numba:serial and numba:threads variants choose by measurement instead.
 PARALLEL_FROM = 16
 
 
@@ -198,34 +199,41 @@ def _variant(fn, suffix: str):
 _SERIAL = {name: jit()(_variant(fn, "_serial")) for name, fn in _NAMES.items()}
 _PARALLEL = {name: jit(parallel=True)(_variant(fn, "_parallel")) for name, fn in _NAMES.items()}
 
-def _kernel(name: str, batch: int):
-    return (_PARALLEL if batch >= PARALLEL_FROM else _SERIAL)[name]
-
-
 class NumbaOps(NumpyOps):
-    """NumPy float64 with Numba's kernels for everything that scales with the batch's pixels."""
+    """NumPy float64 with Numba's kernels for everything that scales with the batch's pixels.
+
+    ``parallel``: True runs the threaded kernels, False the serial ones, None chooses by batch size.
+    """
 
     name = "numba"
+
+    def __init__(self, parallel: bool | None = None) -> None:
+        super().__init__()
+        self.parallel = parallel
+
+    def _kernel(self, name: str, batch: int):
+        parallel = batch >= PARALLEL_FROM if self.parallel is None else self.parallel
+        return (_PARALLEL if parallel else _SERIAL)[name]
 
     def interpolate_exp(self, table, idx, w, dw):
         derivatives = dw is not None
         if not derivatives:
             dw = np.zeros((idx.shape[0], idx.shape[1], 4))
-        return _kernel("interpolate_exp", idx.shape[0])(
+        return self._kernel("interpolate_exp", idx.shape[0])(
             table, np.ascontiguousarray(idx), np.ascontiguousarray(w, dtype=np.float64),
             np.ascontiguousarray(dw, dtype=np.float64), derivatives)
 
     def resample(self, u0, channels, kernel, dk, shift, du_dv):
         jac = dk is not None
         f64 = np.float64
-        return _kernel("resample", channels.shape[0])(
+        return self._kernel("resample", channels.shape[0])(
             np.ascontiguousarray(channels, dtype=f64), np.ascontiguousarray(kernel, dtype=f64),
             np.ascontiguousarray(dk if jac else kernel, dtype=f64), np.ascontiguousarray(shift, dtype=f64),
             np.ascontiguousarray(du_dv, dtype=f64), np.ascontiguousarray(u0, dtype=f64), jac)
 
     def profile(self, prep, shifted, flux, weight, jac, keep_jacobian, ridge):
         """model.profile's answer as a tuple: chi2, coeffs, model, hessian, gradient, jproj (None where not asked)."""
-        chi2, coeffs, model, hessian, gradient, jproj = _kernel("profile", shifted.shape[0])(
+        chi2, coeffs, model, hessian, gradient, jproj = self._kernel("profile", shifted.shape[0])(
             np.ascontiguousarray(shifted, dtype=np.float64), np.ascontiguousarray(flux, dtype=np.float64),
             np.ascontiguousarray(weight, dtype=np.float64), np.ascontiguousarray(prep.local_basis, dtype=np.float64),
             prep.arm, len(prep.arm_slices), ridge, jac, keep_jacobian)
@@ -234,7 +242,7 @@ class NumbaOps(NumpyOps):
         return chi2, coeffs, model, hessian, gradient, (jproj if keep_jacobian else None)
 
     def scatter_add(self, out, index, values):
-        return _kernel("scatter_add", out.shape[0])(out, np.ascontiguousarray(index),
+        return self._kernel("scatter_add", out.shape[0])(out, np.ascontiguousarray(index),
                                                     np.ascontiguousarray(values, dtype=out.dtype))
 
     def rfft(self, x, n: int):

@@ -1,8 +1,9 @@
 """The implementations of spectra.fit, one per backend, all through :func:`fit_batch`.
 
 - ``numpy``: the reference, scipy's least_squares one spectrum at a time;
-- ``numba``: the batched Levenberg-Marquardt on NumPy arrays with Numba's
-  hot loops, threads over spectra;
+- ``numba:threads`` and ``numba:serial``: the batched Levenberg-Marquardt on
+  NumPy arrays with Numba's hot loops, threaded over spectra or not (a
+  parallel region's wake-up outweighs a small batch's work: measured, not guessed);
 - ``torch``: the same batched fit on the GPU, every spectrum and iteration on
   the device (the templates stay there between calls);
 - ``process`` (and any backend with a ``map``): chunks of spectra as tasks
@@ -67,11 +68,14 @@ def usable_measures(prep: Any, flux: Any, weight: Any) -> tuple[np.ndarray, np.n
     return ops.to_numpy(per_arm).astype(np.int64), ops.to_numpy(xp.sum(ops.float64(weight * flux * flux), 1))
 
 
-def numba_ops() -> NumpyOps:
-    """NumPy arithmetic with every batch-sized loop compiled by Numba (imported on first use)."""
+def numba_ops(parallel: bool | None = None) -> NumpyOps:
+    """NumPy arithmetic with every batch-sized loop compiled by Numba (imported on first use).
+
+    ``parallel``: threaded (True) or serial (False) kernels; None picks by batch size.
+    """
     from plugins.spectra.numba_kernels import NumbaOps
 
-    return NumbaOps()
+    return NumbaOps(parallel)
 
 
 def _outputs(columns: dict[str, np.ndarray], seconds: float) -> dict[str, np.ndarray]:
@@ -90,8 +94,8 @@ def solve_numpy(problem: SpectraProblem) -> dict[str, np.ndarray]:
     return _solve(problem, NumpyOps(), "scipy")
 
 
-def solve_numba(problem: SpectraProblem) -> dict[str, np.ndarray]:
-    return _solve(problem, numba_ops(), "lm")
+def solve_numba(problem: SpectraProblem, parallel: bool) -> dict[str, np.ndarray]:
+    return _solve(problem, numba_ops(parallel), "lm")
 
 
 _DEVICE_TABLES: dict[tuple, Any] = {}

@@ -35,13 +35,16 @@ def template_pixels(n_pixels: int) -> int:
 
 
 def features(problem: SpectraProblem) -> dict[str, float]:
-    return _features(problem, float(problem.n_spectra * problem.max_iter))
+    return _features(problem, float(problem.n_spectra * problem.max_iter), float(problem.max_iter))
 
 
-def _features(problem: SpectraProblem, spectrum_iterations: float) -> dict[str, float]:
+def _features(problem: SpectraProblem, spectrum_iterations: float, steps: float) -> dict[str, float]:
     tp = template_pixels(problem.n_pixels)
     return {
         "spectra": float(problem.n_spectra),
+        # a batched fit's step costs a fixed price whatever the batch (the GPU's kernel launches, the
+        # CPU threads' fork-join), on top of the per-spectrum work counted below
+        "steps": steps,
         "iterations": spectrum_iterations,
         "pixel_iterations": spectrum_iterations * problem.n_pixels,
         "template_iterations": spectrum_iterations * tp,
@@ -53,7 +56,8 @@ def _features(problem: SpectraProblem, spectrum_iterations: float) -> dict[str, 
 def work_done(problem: SpectraProblem, outputs: Any) -> dict[str, float]:
     """The iterations the fits really ran (a converged spectrum leaves the batch)."""
     iterations = np.asarray(outputs["ITERATIONS"])
-    return _features(problem, float(iterations.sum()))
+    # the batch steps until its slowest spectrum converges
+    return _features(problem, float(iterations.sum()), float(iterations.max(initial=0)))
 
 
 def memory(problem: SpectraProblem, implementation: str) -> float:
