@@ -109,6 +109,49 @@ def test_numba_gives_the_same_bits_on_any_thread_count():
         assert np.array_equal(run["loss_curve"], runs[0]["loss_curve"]) and run["coef"] == runs[0]["coef"]
 
 
+_INTERPRETED_EPOCHS = """
+import json, sys
+import numpy as np, torch
+sys.path.insert(0, "tests")
+from test_ml_linreg import noisy_problem
+from plugins.ml import linreg_torch, linreg_triton
+problem = noisy_problem(n=int(sys.argv[1]), epochs=7)
+x, y = (torch.from_numpy(a.astype(np.float32)) for a in problem.data())
+state, scalars, losses, counter = linreg_torch._initial(problem, "cpu")
+linreg_torch.run_epochs(linreg_triton.epoch_step(len(x), "cpu"), x, y, state, scalars, losses, counter)
+out = linreg_torch._finish(problem, state, losses)
+print(json.dumps({key: np.asarray(value).tolist() for key, value in out.items()}))
+"""
+
+
+@pytest.mark.parametrize("n", [1, 17, 3 * 2048 + 5, 50_001])
+def test_the_triton_epoch_matches_the_reference_under_the_interpreter(n):
+    """The graph variant's kernels, run by Triton's CPU interpreter where triton is installed (the GPU tests
+    run them compiled): partials per program, fixed-order stage two, every size's tail masked. A subprocess,
+    as TRITON_INTERPRET must be set before triton is imported."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, "-c", _INTERPRETED_EPOCHS, str(n)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    outputs = json.loads(done.stdout.strip().splitlines()[-1])
+    reference = solve_numpy(noisy_problem(n=n, epochs=7))
+    assert_same_trajectory({k: np.asarray(v) for k, v in outputs.items()}, reference)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 2047, 2049])
+def test_the_gpu_graph_variant_handles_sizes_below_one_tile(n):
+    problem = noisy_problem(n=n, epochs=9)
+    assert_same_trajectory(core.solve(problem, backend="torch:graph", solver="ml.linreg").outputs,
+                           solve_numpy(problem))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["torch:eager", "torch:compile", "torch:graph"])
 def test_gpu_variants_match_the_float64_reference(backend):

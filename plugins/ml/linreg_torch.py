@@ -12,8 +12,9 @@ a fixed order; no atomics, so every run gives the same bits.
 - ``eager``: the epoch function op by op (several kernels an epoch);
 - ``compile``: the same function through ``torch.compile`` (Inductor fuses
   stage one into one pass that reads x and y once; Triton on a GPU);
-- ``graph``: the compiled epochs, all of them captured in one CUDA graph
-  and replayed with a single launch.
+- ``graph``: every epoch as two Triton kernels (``linreg_triton``: a
+  streaming stage one, a one-program stage two), all of them captured in
+  one CUDA graph and replayed with a single launch.
 
 No variant synchronises with the host between epochs: parameters and the
 loss curve stay on the device until the end of the solve.
@@ -130,18 +131,20 @@ def solve_on(problem: LinRegProblem, device: Any, variant: str) -> dict[str, np.
 
 
 class _CapturedRun:
-    """Static buffers and the CUDA graph of every epoch of one (size, epochs) shape."""
+    """Static buffers and the CUDA graph of every epoch of one (size, epochs) shape (Triton's epoch)."""
 
-    def __init__(self, blocks: int, block: int, n_epochs: int, device: Any):
+    def __init__(self, n: int, n_epochs: int, device: Any):
         import torch
 
-        self.x = torch.full((blocks, block), math.nan, dtype=torch.float32, device=device)
-        self.y = torch.full((blocks, block), math.nan, dtype=torch.float32, device=device)
+        from plugins.ml.linreg_triton import epoch_step
+
+        self.x = torch.zeros(n, dtype=torch.float32, device=device)
+        self.y = torch.zeros(n, dtype=torch.float32, device=device)
         self.state = torch.zeros(2, dtype=torch.float64, device=device)
         self.scalars = torch.ones(2, dtype=torch.float64, device=device)
         self.losses = torch.zeros(n_epochs, dtype=torch.float64, device=device)
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
-        step = compiled_advance()
+        step = epoch_step(n, device)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # compile and warm up outside the capture, as capturing requires
@@ -161,14 +164,13 @@ def _solve_graph(problem: LinRegProblem, device: Any) -> dict[str, np.ndarray]:
     import torch
 
     X, y = problem.data()
-    blocks, block = layout(len(X))
-    key = (blocks, block, problem.n_epochs, str(device))
+    key = (len(X), problem.n_epochs, str(device))
     if key not in _captured:
         _captured.clear()  # one captured shape at a time: its buffers hold the data's size on the device
-        _captured[key] = _CapturedRun(blocks, block, problem.n_epochs, device)
+        _captured[key] = _CapturedRun(len(X), problem.n_epochs, device)
     run = _captured[key]
-    for buffer, values in ((run.x, X), (run.y, y)):  # the padding of the captured buffers stays NaN
-        buffer.view(-1)[:len(values)].copy_(torch.from_numpy(values.astype(np.float32)))
+    for buffer, values in ((run.x, X), (run.y, y)):
+        buffer.copy_(torch.from_numpy(values.astype(np.float32)))
     state, scalars, _, _ = _initial(problem, device)
     run.state.copy_(state)
     run.scalars.copy_(scalars)
@@ -186,8 +188,12 @@ def solve_torch(problem: LinRegProblem, variant: str) -> dict[str, np.ndarray]:
 
 def unsupported(problem: LinRegProblem, implementation: str) -> str:
     """Why a torch variant cannot run here: float64 needs CUDA (MPS has none), and so do CUDA graphs."""
+    import importlib.util
+
     import torch
 
     if not torch.cuda.is_available():
         return "float64 accumulation and CUDA graphs need a CUDA device"
+    if implementation == "torch:graph" and importlib.util.find_spec("triton") is None:
+        return "the graph variant's epoch is a Triton kernel, and triton is not installed"
     return ""
