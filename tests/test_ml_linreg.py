@@ -286,3 +286,22 @@ def test_cli_runs_the_solver(capsys):
                  "--param", "n_epochs=20"]) == 0
     out = capsys.readouterr().out
     assert "10,000 samples x 20 epochs" in out and "MSE" in out
+
+
+def test_the_threaded_variant_runs_no_more_threads_than_blocks():
+    """A thread without a block only adds to every epoch's fork and join, so small problems run on fewer."""
+    import numba
+
+    from core.backends.numba_threads import threads_at_most
+    from plugins.ml.linreg_numba import BLOCK
+
+    before = numba.get_num_threads()
+    most = numba.config.NUMBA_NUM_THREADS
+    for items in (1, 2, 3 * most):
+        with threads_at_most(items) as used:
+            assert used == numba.get_num_threads() == min(items, most)
+        assert numba.get_num_threads() == before
+    problem = noisy_problem(n=BLOCK + 1, epochs=3)  # two blocks: at most two threads, the same trajectory
+    assert_same_trajectory(core.solve(problem, backend="numba:threads", solver="ml.linreg").outputs,
+                           solve_numpy(problem))
+    assert numba.get_num_threads() == before

@@ -7,7 +7,8 @@ slot and the slots are added in order, so the answer is the same on 1 or
 64 threads (a deterministic two-stage reduction, no shared accumulator).
 
 Two variants of the one kernel: ``numba:threads`` runs each epoch's pass
-on every thread; ``numba:serial`` runs it on one thread. Every epoch is a
+on every thread that has a block (at most one thread per block);
+``numba:serial`` runs it on one thread. Every epoch is a
 fork and a join, so a small problem can lose more to the join than the
 threads win, and on a loaded machine one descheduled thread holds every
 epoch's join for a scheduler tick (a 3,605-sample, 19-epoch run took
@@ -20,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from core.backends.numba_threads import jit, use_idle_cores
+from core.backends.numba_threads import jit, threads_at_most
 from plugins.ml.linreg_numpy import outputs
 from plugins.ml.linreg_problem import LinRegProblem
 
@@ -58,16 +59,8 @@ def _descend(x, y, learning_rate, n_epochs, w0, b0):
 
 
 def solve_numba(problem: LinRegProblem, serial: bool = False) -> dict[str, np.ndarray]:
-    import numba
-
     X, y = problem.data()
-    before = numba.get_num_threads()
-    if serial:
-        numba.set_num_threads(1)
-    else:
-        use_idle_cores()
-    try:
+    blocks = (len(X) + BLOCK - 1) // BLOCK
+    with threads_at_most(1 if serial else blocks):  # a thread without a block would only join every epoch
         w, b, losses = _descend(X, y, problem.learning_rate, problem.n_epochs, problem.w0, problem.b0)
-    finally:
-        numba.set_num_threads(before)
     return outputs(w, b, losses, problem.n_epochs)

@@ -95,7 +95,10 @@ def solve_numpy(problem: SpectraProblem) -> dict[str, np.ndarray]:
 
 
 def solve_numba(problem: SpectraProblem, parallel: bool) -> dict[str, np.ndarray]:
-    return _solve(problem, numba_ops(parallel), "lm")
+    from core.backends.numba_threads import threads_at_most
+
+    with threads_at_most(problem.n_spectra if parallel else 1):  # the kernels are parallel over spectra
+        return _solve(problem, numba_ops(parallel), "lm")
 
 
 _DEVICE_TABLES: dict[tuple, Any] = {}
