@@ -9,6 +9,7 @@ because a tiny problem runs faster serially than the thread pool starts.
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,6 +28,21 @@ def threads() -> int:
     import numba
 
     return int(numba.get_num_threads())
+
+
+def pool_size() -> int:
+    """The size of Numba's thread pool, as Numba will choose it, without importing Numba (for features).
+
+    ``NUMBA_NUM_THREADS`` when set (a bad value falls back to the default, Numba itself will report it),
+    else the cores this process may run on.
+    """
+    value = os.environ.get("NUMBA_NUM_THREADS", "").strip()
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def use_idle_cores() -> int:

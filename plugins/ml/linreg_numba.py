@@ -23,9 +23,8 @@ from numba import prange
 
 from core.backends.numba_threads import jit, threads_at_most
 from plugins.ml.linreg_numpy import outputs
+from plugins.ml.linreg_problem import NUMBA_BLOCK as BLOCK
 from plugins.ml.linreg_problem import LinRegProblem
-
-BLOCK = 16_384  # samples per block: the partial sums of one block stay in registers
 
 
 @jit(parallel=True)

@@ -29,6 +29,7 @@ PRESET_POINTS = 5_000_000
 PRESET_STEP = 2e-6
 TRUE_SLOPE, TRUE_INTERCEPT = 0.7, 0.3
 PRESET = {"learning_rate": 0.01, "n_epochs": 200, "w0": 0.83, "b0": 0.7645}
+NUMBA_BLOCK = 16_384  # samples per block of the numba pass: a block's partial sums stay in registers
 
 
 @dataclass(frozen=True)
