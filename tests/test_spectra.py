@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -413,3 +414,15 @@ def test_the_solver_is_registered_with_its_size_space_and_features():
     big = spec.features(SpectraProblem(n_spectra=4, n_pixels=4000, max_iter=10))
     assert big["template_iterations"] > 2 * small["template_iterations"]
     assert big["pixel_iterations"] == 8 * small["pixel_iterations"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 6, 9, 63, 255, 257, 4096, 10_001])
+def test_parallel_chunks_are_balanced_and_cover_the_batch(n):
+    """The process backend's tasks: contiguous, covering every spectrum once, at most 64, sizes within one."""
+    from plugins.spectra.solve import chunks
+
+    bounds = chunks(n)
+    sizes = [stop - start for start, stop in bounds]
+    assert bounds[0][0] == 0 and bounds[-1][1] == n and all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
+    assert len(bounds) <= 64 and max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+    assert len(bounds) == min(64, -(-n // 4))

@@ -21,7 +21,7 @@ from plugins.spectra import work
 from plugins.spectra.model import Spectra
 from plugins.spectra.problem import FULL_PIXELS, SpectraProblem
 
-__version__ = "0.2.0"  # 0.2: the "steps" feature (timings stored by 0.1 lack it)
+__version__ = "0.3.0"  # 0.2: the "steps" feature; 0.3: balanced process chunks (older timings mismeasure them)
 __all__ = ["Spectra", "SpectraProblem", "fit_spectra"]
 
 

@@ -144,9 +144,17 @@ def fit_chunk(task: tuple, shared: Mapping[str, np.ndarray], seed: Any) -> dict[
 
 
 def chunks(n: int) -> list[tuple[int, int]]:
-    """At most 64 chunks of at least 4 spectra: enough tasks to balance 16 workers, whatever the pool's size."""
-    size = max(4, -(-n // 64))
-    return [(start, min(n, start + size)) for start in range(0, n, size)]
+    """``ceil(n / 4)`` chunks, at most 64 (enough tasks to balance 16 workers, whatever the pool's size),
+    their sizes differing by at most one: fixed chunks of 4 split 6 spectra 4 + 2, and one of two workers
+    idled for a third of the run (the cost model's span assumes equal tasks)."""
+    count = max(1, min(64, -(-n // 4)))
+    base, extra = divmod(n, count)
+    bounds, start = [], 0
+    for index in range(count):
+        stop = start + base + (1 if index < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return [bound for bound in bounds if bound[1] > bound[0]]
 
 
 def solve_parallel(problem: SpectraProblem, backend: str) -> dict[str, np.ndarray]:
