@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="numba")
     parser.add_argument("--grid", default="small")
-    parser.add_argument("--n", type=int, default=500)
+    parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--snr", default="10,20,50")
     parser.add_argument("--compare", default="", help="comma-separated backends to compare, e.g. numpy,numba,torch")
     parser.add_argument("--compare-n", type=int, default=100)
