@@ -11,7 +11,7 @@ extensions = ["myst_parser"]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
 # results/<machine>/ holds raw `crossover report` output, shown through results.md
-exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "results/*/*.md"]
+exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "results/*/*.md", "results/*/*/*.md"]
 
 # No network: no intersphinx, no remote images, no link checking by default.
 myst_heading_anchors = 3
