@@ -1,8 +1,8 @@
-"""Torch implementations of gradient-descent linear regression: one epoch function, run three ways.
+"""Torch implementations of gradient-descent linear regression: one epoch, run three ways.
 
 The data go to the device once per solve as float32 (half the bytes of
-float64: the epoch is bound by memory bandwidth), laid out as
-``[blocks, BLOCK]`` and padded with NaN; every arithmetic step is float64,
+float64: the epoch is bound by memory bandwidth), for eager and compile laid
+out as ``[blocks, block]`` and padded with NaN; every arithmetic step is float64,
 so the trajectory matches the float64 reference (the rounding of x and y
 to float32 moves the final ``(w, b)`` by about 1e-10 relative on the
 preset). The sums are a deterministic two-stage reduction: stage one sums
@@ -55,8 +55,7 @@ def advance(x, y, state, scalars, losses, counter) -> None:
     """One epoch in place: ``state`` steps, ``losses[counter]`` gets the loss, ``counter`` counts up.
 
     Everything stays on the device, and compiled it is two kernels an epoch
-    (stage one; stage two fused with the updates), so a CUDA graph of every
-    epoch holds two nodes per epoch, not a node per small copy.
+    (stage one; stage two fused with the updates), not a kernel per small copy.
     """
     new_state, loss = epoch(x, y, state, scalars)
     losses.index_put_((counter,), loss.reshape(1))
