@@ -31,8 +31,8 @@ from rich.markup import escape
 from rich.table import Table
 
 import core
+from core.atomic import atomic_write
 from core.costmodel.calibrate import CalibrationInterrupted
-from core.costmodel.report import atomic_write
 from core.costmodel.store import WisdomWarning
 from core.errors import CrossoverError, PluginError, PluginWarning, TaskFailedError
 from core.registry import get_registry, get_solver

@@ -22,17 +22,15 @@ the break-even sizes along the family.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import os
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from core.atomic import atomic_write
 from core.backend import safe_free_memory
 from core.costmodel import history, store
 from core.costmodel.design import calibration_design, with_size
@@ -252,26 +250,6 @@ def markdown(spec: SolverSpec, data: Drawing) -> str:
                      f"{model.rank} | {', '.join(model.undetermined) or '-'} | {model.relative_error:.1%} | "
                      f"{costs['implementation']:.3g} | {costs['backend_start']:.3g} |")
     return "\n".join(lines) + "\n"
-
-
-def atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    """``write(temporary)`` into the same directory, then rename it over ``path``: never a half-written file.
-
-    The file gets the permissions the user's umask gives a new file
-    (``mkstemp`` would leave it private).
-    """
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        mask = os.umask(0)  # the only way to read the umask; set straight back
-        os.umask(mask)
-        os.chmod(temporary, 0o666 & ~mask)
-        write(temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
 
 
 def write_report(solvers: list[str], directory: str | Path) -> list[Path]:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from core.atomic import atomic_write
 from plugins.spectra.accuracy import accuracy_run, interpolation_error
 from plugins.spectra.ops import NumpyOps, TorchOps
 from plugins.spectra.solve import fit_batch, numba_ops
@@ -49,9 +49,7 @@ def ops_for(name: str):
 
 
 def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write(path, lambda target: Path(target).write_text(text))
 
 
 def compare(names: list[str], n: int, grid: str) -> dict:

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 import core
+from core.atomic import atomic_write
 from plugins.spectra import work
 from plugins.spectra.model import Spectra
 from plugins.spectra.problem import SpectraProblem
@@ -36,9 +37,7 @@ from plugins.spectra.templates import named_library
 
 
 def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write(path, lambda target: Path(target).write_text(text))
 
 
 def machine() -> str:

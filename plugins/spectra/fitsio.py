@@ -10,12 +10,12 @@ is a :class:`core.errors.ProblemError` naming the file and what is wrong.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
+from core.atomic import atomic_write
 from core.errors import ProblemError
 from plugins.spectra.model import Spectra
 
@@ -137,12 +137,5 @@ def read_results(path: str | os.PathLike) -> dict[str, np.ndarray]:
 def _write_atomic(hdulist, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        hdulist.writeto(tmp, overwrite=True)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda target: hdulist.writeto(target, overwrite=True))
     return path
