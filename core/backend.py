@@ -99,6 +99,14 @@ def safe_describe(backend: Backend) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity), else all of the host's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no affinity call
+        return os.cpu_count() or 1
+
+
 def host_free_memory() -> float | None:
     """Bytes of host memory a new allocation may use: the tightest of every limit that applies.
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from core.backend import Availability, Backend, host_free_memory
+from core.backend import Availability, Backend, host_free_memory, usable_cores
 
 
 def jit(parallel: bool = False, **options: Any) -> Callable:
@@ -39,10 +39,7 @@ def pool_size() -> int:
     value = os.environ.get("NUMBA_NUM_THREADS", "").strip()
     if value.isdigit() and int(value) > 0:
         return int(value)
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+    return max(1, usable_cores())
 
 
 def use_idle_cores() -> int:

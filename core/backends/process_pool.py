@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from core.backend import Availability, Backend, host_free_memory
+from core.backend import Availability, Backend, host_free_memory, usable_cores
 from core.backends import pool_lifeline, pool_main
 from core.errors import ProblemError, TaskFailedError, TaskTimeoutError, UnpicklableTaskError, WorkerCrashedError
 from core.seeded_tasks import ResultCallback, TaskFn, task_labels, task_seeds, task_timeout
@@ -82,10 +82,7 @@ def default_workers() -> int:
         if not (configured.isascii() and configured.isdigit()) or int(configured) < 1:
             raise fail("CROSSOVER_WORKERS", os.environ["CROSSOVER_WORKERS"], "must be an integer >= 1, or unset")
         return int(configured)
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS and Windows have no affinity call
-        return os.cpu_count() or 1
+    return usable_cores()
 
 
 def start_method() -> str:

@@ -47,6 +47,8 @@ from typing import Any
 
 import platformdirs
 
+from core.backend import usable_cores
+
 FORMAT = 3  # 3: a host fingerprint plus one fingerprint per backend (2: one fingerprint for everything)
 FILENAME = "wisdom.json"
 TEMP_PREFIX = ".wisdom-"  # a temporary file is .wisdom-<pid>-<random>.tmp
@@ -96,13 +98,6 @@ def _version(dist: str) -> str:
 
 def _env(*names: str) -> dict[str, str]:
     return {name: os.environ.get(name, "default") for name in names}
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS and Windows have no affinity call
-        return os.cpu_count() or 1
 
 
 @lru_cache(maxsize=1)
@@ -178,7 +173,7 @@ def _generic_print() -> dict[str, Any]:
 
 @lru_cache(maxsize=1)
 def _host_text() -> str:
-    return json.dumps({"cpu": _cpu_model(), "cores": os.cpu_count(), "usable_cores": _usable_cores(),
+    return json.dumps({"cpu": _cpu_model(), "cores": os.cpu_count(), "usable_cores": usable_cores(),
                        "machine": platform.machine(), "python": platform.python_version(),
                        "crossover": _version("crossover")})
 
