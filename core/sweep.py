@@ -8,6 +8,13 @@ exception inside a point is caught where it happens, and a worker that dies
 takes only its own point with it (the others are rerun on the rebuilt pool),
 as does a point that runs past the ``timeout``.
 
+With ``checkpoint=PATH`` each finished point is appended to a JSON-lines
+file (:mod:`core.checkpoint`) as it streams in, so it survives a crash, a
+kill or Ctrl-C; a rerun with the same target, grid and checkpoint rebuilds
+the points that succeeded from the file, computes only the rest (points
+that failed are retried: their error may have been a lost worker or a
+timeout), and says how many it skipped.
+
 Points are spread over a parallel backend with :func:`core.tasks.map_tasks`
 only, so any backend with a ``map`` (the process pool, a cluster) runs a
 sweep unchanged.
@@ -16,12 +23,15 @@ sweep unchanged.
 from __future__ import annotations
 
 import itertools
+import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from core.api import solve
+from core.checkpoint import Checkpoint, CheckpointError, fingerprint, open_checkpoint
 from core.errors import CrossoverError, TaskFailedError, TaskTimeoutError, WorkerCrashedError
 from core.registry import get_registry, get_solver
 from core.running import registered_backend
@@ -33,6 +43,8 @@ Target = str | Callable[..., Any]
 Row = tuple[dict[str, Any] | None, str | None, float, str | None]
 PointCallback = Callable[[int, "SweepPoint"], None]
 
+log = logging.getLogger("crossover")
+
 
 @dataclass
 class SweepPoint:
@@ -43,6 +55,7 @@ class SweepPoint:
     error: str | None
     seconds: float
     backend: str | None
+    resumed: bool = False  # rebuilt from the checkpoint of an earlier run, not computed by this one
 
     @property
     def ok(self) -> bool:
@@ -167,7 +180,7 @@ def _run_mapped(target: Target, points: list[dict[str, Any]], backend: str, opti
 
 def sweep(target: str | SolverSpec | Callable[..., Any], grid, backend: str = "auto", *,
           workers: int | None = None, on_result: PointCallback | None = None,
-          timeout: float | None = None) -> list[SweepPoint]:
+          timeout: float | None = None, checkpoint: str | os.PathLike | None = None) -> list[SweepPoint]:
     """Run ``target`` at every point of ``grid``; results in input order.
 
     - A backend with a task map (``"process"``, or a third party's) spreads
@@ -185,27 +198,117 @@ def sweep(target: str | SolverSpec | Callable[..., Any], grid, backend: str = "a
     ``timeout``: seconds one point may run (default ``CROSSOVER_TASK_TIMEOUT``
     for mapped points, else no limit); a point past it is recorded as timed
     out, its worker is stopped, and the other points go on.
+    ``checkpoint``: a JSON-lines file that each finished point is appended
+    to. Run again with the same file, and the points that succeeded are not
+    computed again: they come back with ``resumed=True`` (and ``on_result``
+    sees them first, in index order), one warning line on the ``crossover``
+    logger says how many were skipped, and failed points are retried. A
+    file written for another target or grid is refused with a
+    :class:`~core.checkpoint.CheckpointError`. The backend is not part of a
+    run's identity: a sweep stopped on one backend may resume on another.
     """
     target = _checked_target(target)
     points = expand(grid)
     if timeout is not None:
         timeout = task_timeout(timeout)
-    mapped_on = _mapping_backend(backend, len(points), workers, timeout)
+    store = None if checkpoint is None else open_checkpoint(checkpoint, _run_identity(target, points))
+    try:
+        done = {} if store is None else _resumed_points(store, points)
+        return _sweep_rest(target, points, done, backend, workers, on_result, timeout, store)
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _sweep_rest(target: Target, points: list[dict[str, Any]], done: dict[int, SweepPoint], backend: str,
+                workers: int | None, on_result: PointCallback | None, timeout: float | None,
+                store: Checkpoint | None) -> list[SweepPoint]:
+    """Run the points not in ``done``, appending each to ``store`` as it finishes."""
+    todo = [i for i in range(len(points)) if i not in done]
+    mapped_on = _mapping_backend(backend, len(todo), workers, timeout)
     if workers is not None and mapped_on not in (None, "process"):
         raise CrossoverError(f"workers={workers!r} is invalid with backend {backend!r}: it sizes the process pool only")
+    if on_result is not None:
+        for index in sorted(done):
+            on_result(index, done[index])
+    finished = dict(done)
 
-    def report(index: int, row: Row) -> None:
+    def report(position: int, row: Row) -> None:
+        index = todo[position]
+        finished[index] = _as_point(points[index], row)
+        if store is not None:
+            store.append(_record(index, finished[index]))
         if on_result is not None:
-            on_result(index, _as_point(points[index], row))
+            on_result(index, finished[index])
 
-    if mapped_on is None:
-        rows = _run_here(target, points, backend, report)
-    else:
-        options: dict[str, Any] = {} if workers is None else {"workers": workers}
-        if timeout is not None:
-            options["timeout"] = timeout
-        rows = _run_mapped(target, points, mapped_on, options, report)
-    return [_as_point(params, row) for params, row in zip(points, rows)]
+    if todo:
+        mine = [points[i] for i in todo]
+        if mapped_on is None:
+            _run_here(target, mine, backend, report)
+        else:
+            options: dict[str, Any] = {} if workers is None else {"workers": workers}
+            if timeout is not None:
+                options["timeout"] = timeout
+            _run_mapped(target, mine, mapped_on, options, report)
+    return [finished[i] for i in range(len(points))]
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+
+
+def _target_name(target: Target) -> str:
+    if isinstance(target, str):
+        return target
+    return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(target))}"
+
+
+def _run_identity(target: Target, points: list[dict[str, Any]]) -> dict[str, Any]:
+    """What makes two sweeps the same run: the target (and a solver's version) and every point, in order."""
+    run: dict[str, Any] = {"kind": "sweep", "target": _target_name(target), "points": len(points)}
+    if isinstance(target, str):
+        run["solver_version"] = get_solver(target).version
+    run["grid"] = fingerprint(points)
+    return run
+
+
+def _record(index: int, point: SweepPoint) -> dict[str, Any]:
+    return {"index": index, "params": point.params, "outputs": point.outputs, "error": point.error,
+            "seconds": point.seconds, "backend": point.backend}
+
+
+def _resumed_points(store: Checkpoint, points: list[dict[str, Any]]) -> dict[int, SweepPoint]:
+    """The points the checkpoint holds a success for (a failure alone means: run it again)."""
+    done: dict[int, SweepPoint] = {}
+    failed: set[int] = set()
+    for number, record in enumerate(store.records, start=1):
+        index = _checked_record(store, number, record, len(points))
+        if record["error"] is not None:
+            failed.add(index)
+        elif index not in done:
+            done[index] = SweepPoint(params=points[index], outputs=record["outputs"], error=None,
+                                     seconds=float(record["seconds"]), backend=record["backend"], resumed=True)
+    if store.records:
+        retried = len(failed - set(done))
+        log.warning("sweep: checkpoint %s: %d of %d points already done, skipped%s", store.path, len(done),
+                    len(points), f"; {retried} that failed run again" if retried else "")
+    return done
+
+
+def _checked_record(store: Checkpoint, number: int, record: Any, n_points: int) -> int:
+    """The point index of a record, or a clear error for one this module did not write."""
+    fields = ("index", "outputs", "error", "seconds", "backend")
+    if not isinstance(record, dict) or any(field not in record for field in fields):
+        raise CheckpointError(f"checkpoint {store.path} is corrupt: record {number} lacks one of {', '.join(fields)}; "
+                              f"delete it to start afresh")
+    index = record["index"]
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n_points:
+        raise CheckpointError(f"checkpoint {store.path} is corrupt: record {number} has index={index!r}; "
+                              f"allowed: 0 to {n_points - 1}; delete it to start afresh")
+    if not isinstance(record["error"], (str, type(None))) or not isinstance(record["seconds"], (int, float)):
+        raise CheckpointError(f"checkpoint {store.path} is corrupt: record {number} has error={record['error']!r}, "
+                              f"seconds={record['seconds']!r}; allowed: text or null, a number; "
+                              f"delete it to start afresh")
+    return index
 
 
 def _as_point(params: dict[str, Any], row: Row) -> SweepPoint:
