@@ -1,0 +1,521 @@
+"""The ``dask`` backend: the tasks of a map on a dask.distributed cluster.
+
+Why each choice:
+
+- *dask is imported on first use only*: importing ``core`` must stay fast and
+  must work where dask is not installed; the probe asks whether
+  ``distributed`` is installed without importing it.
+- *the scheduler is the user's choice*: ``use_scheduler(address)`` (Python),
+  ``--scheduler`` (CLI) or ``CROSSOVER_DASK_SCHEDULER``. Without one the
+  backend is unavailable, so auto-selection never starts a cluster nobody
+  asked for. ``local`` starts a ``LocalCluster`` of worker processes, one
+  thread each, bound to 127.0.0.1, so nothing off this machine can reach it.
+- *the connection is the backend's one-off* (``start``): a remote
+  scheduler's handshake, or a local cluster's worker start-up, is paid once
+  per process, as the process pool's start is.
+- *a scheduler that does not answer within a timeout*
+  (``CROSSOVER_DASK_TIMEOUT``, default 10 s) is one clear error naming its
+  address, never a hang; so is one that stops answering during a map.
+- *shared inputs are scattered once, to every worker* (broadcast), rather
+  than sent with each task.
+- *tasks are batched*: a dask task costs the scheduler about a millisecond
+  and a network round trip, so very short tasks would time the cluster,
+  not the work. See :func:`tasks_per_batch` for the rule.
+- *a lost worker is Dask's to handle*: the scheduler reruns its tasks on the
+  others (up to ``distributed.scheduler.allowed-failures`` times). Seeds
+  travel with each task, so a rerun draws the same numbers and the results
+  equal :func:`core.seeded_tasks.run_serially`'s.
+- *a task's exception comes back as a value*, so that one failure keeps the
+  results of the rest of its batch, and Dask does not count it against the
+  worker.
+
+Plugins never call this module: they call :func:`core.tasks.map_tasks`
+with ``backend="dask"``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import os
+import pickle
+import queue
+import re
+import sys
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from typing import Any
+
+import numpy as np
+
+from core.backend import Availability, Backend, usable_cores
+from core.errors import BackendUnavailableError, TaskFailedError, UnpicklableTaskError, WorkerCrashedError
+from core.seeded_tasks import ResultCallback, TaskFn, readonly_views, task_labels, task_seeds
+from core.validation import check_float, fail
+
+SCHEDULER_VARIABLE = "CROSSOVER_DASK_SCHEDULER"
+TIMEOUT_VARIABLE = "CROSSOVER_DASK_TIMEOUT"
+LOCAL = "local"
+DEFAULT_TIMEOUT_SECONDS = 10.0
+# a batch of tasks should keep a worker busy at least this long (see tasks_per_batch)
+MIN_BATCH_SECONDS = 0.1
+# every worker gets at least this many batches of what is left, so a slow batch leaves a short tail
+BATCHES_PER_SLOT = 4
+# how often a map looks at whether the scheduler still answers
+_POLL_SECONDS = 0.2
+
+_ADDRESS = re.compile(r"^(?:(?P<protocol>tcp|tls|ws|wss|ucx)://)?(?P<host>\[[0-9a-fA-F:]+\]|[^\s:/\[\]]+)"
+                      r":(?P<port>\d{1,5})$")
+_ALLOWED_ADDRESS = "must be 'local' or a scheduler address host:port (tcp://, tls://, ws://, wss:// or ucx://)"
+
+
+class SchedulerUnreachableError(BackendUnavailableError):
+    """The dask scheduler did not answer, or stopped answering during a map.
+
+    ``scheduler`` is its address; ``partial_results`` keeps, in task order,
+    the results of the map's tasks that finished before it was lost (None
+    for the others).
+    """
+
+    def __init__(self, message: str, scheduler: str, partial_results: list | None = None):
+        super().__init__(message)
+        self.scheduler = scheduler
+        self.partial_results = partial_results or []
+
+
+# -- which scheduler ------------------------------------------------------------------
+
+_chosen: str | None = None  # set by use_scheduler(); wins over the environment
+_chosen_timeout: float | None = None
+_chosen_workers: int | None = None
+
+
+def use_scheduler(scheduler: str | None, *, timeout: float | None = None, workers: int | None = None) -> None:
+    """Run the ``dask`` backend on ``scheduler``: an address such as ``tcp://10.0.0.5:8786``, or ``local``.
+
+    It overrides ``CROSSOVER_DASK_SCHEDULER``; None goes back to it. ``timeout``
+    is how long to wait for the scheduler (and its first worker) to answer;
+    ``workers`` sizes a ``local`` cluster (default: the usable cores). A
+    client connected to another scheduler is closed. Call it before the
+    first plan or solve of the process: availability is probed once per
+    process (``core.running.forget_probes()`` probes again).
+    """
+    global _chosen, _chosen_timeout, _chosen_workers
+    address = None if scheduler is None else normalize_address("scheduler", scheduler)
+    if timeout is not None:
+        timeout = check_float("timeout", timeout, minimum=0, strict_minimum=True)
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise fail("workers", workers, "must be an integer >= 1 (the size of a local cluster)")
+    if workers is not None and address != LOCAL:
+        raise fail("workers", workers, "sizes a local cluster only (scheduler='local')")
+    if (address, workers) != (_chosen, _chosen_workers):
+        shutdown()
+    _chosen, _chosen_timeout, _chosen_workers = address, timeout, workers
+
+
+def normalize_address(field: str, text: object) -> str:
+    """``local``, or the address with its protocol (``host:port`` means ``tcp://host:port``); else a clear error."""
+    if not isinstance(text, str):
+        raise fail(field, text, _ALLOWED_ADDRESS)
+    stripped = text.strip()
+    if stripped.lower() == LOCAL:
+        return LOCAL
+    match = _ADDRESS.match(stripped)
+    if match is None or not 0 < int(match["port"]) < 65536:
+        raise fail(field, text, _ALLOWED_ADDRESS)
+    return f"{match['protocol'] or 'tcp'}://{match['host']}:{int(match['port'])}"
+
+
+def scheduler_address() -> str | None:
+    """The scheduler the backend runs on: ``use_scheduler``'s, else ``CROSSOVER_DASK_SCHEDULER``'s, else None."""
+    if _chosen is not None:
+        return _chosen
+    text = os.environ.get(SCHEDULER_VARIABLE, "").strip()
+    return normalize_address(SCHEDULER_VARIABLE, text) if text else None
+
+
+def connect_timeout() -> float:
+    """Seconds to wait for the scheduler: ``use_scheduler``'s, else ``CROSSOVER_DASK_TIMEOUT``, else 10."""
+    if _chosen_timeout is not None:
+        return _chosen_timeout
+    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise fail(TIMEOUT_VARIABLE, os.environ[TIMEOUT_VARIABLE], "must be a finite number of seconds > 0, or unset")
+    return seconds
+
+
+def local_workers() -> int:
+    """Workers of a ``local`` cluster: ``use_scheduler(workers=)``, else the usable cores."""
+    return _chosen_workers or usable_cores()
+
+
+def installed() -> bool:
+    """Whether dask.distributed can be imported (asked without importing it)."""
+    try:
+        return importlib.util.find_spec("distributed") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+# -- the connection -------------------------------------------------------------------
+
+_client: Any = None  # distributed.Client, once connected
+_cluster: Any = None  # the LocalCluster this process started, if any
+_connected_to: str | None = None  # the configured address it answers to (``local`` included)
+_shown = "?"  # how errors name it: the address, or the local cluster's
+
+
+def _distributed():
+    """The distributed module, imported now (lazily: see the module docstring), or a clear error."""
+    try:
+        import distributed
+    except ImportError as exc:
+        raise BackendUnavailableError(f"backend 'dask' needs dask.distributed, which cannot be imported ({exc}); "
+                                      "install it with: pip install 'crossover[distributed]'") from None
+    return distributed
+
+
+def get_client() -> Any:
+    """The connected client, connecting (or starting the local cluster) on first use."""
+    global _client, _cluster, _connected_to, _shown
+    address = scheduler_address()
+    if address is None:
+        raise BackendUnavailableError(f"backend 'dask' has no scheduler: pass --scheduler ADDRESS (or 'local'), "
+                                      f"set {SCHEDULER_VARIABLE}, or call use_scheduler()")
+    if _client is not None and _connected_to == address and _client.status == "running":
+        return _client
+    shutdown()  # a client of another scheduler, or one whose scheduler went away
+    distributed = _distributed()
+    timeout = connect_timeout()
+    began = time.monotonic()
+    cluster = None
+    try:
+        if address == LOCAL:
+            cluster = _start_local_cluster(distributed)
+            client = distributed.Client(cluster, timeout=timeout, set_as_default=False)
+        else:
+            client = distributed.Client(address, timeout=timeout, set_as_default=False)
+    except (OSError, TimeoutError) as exc:
+        if cluster is not None:
+            cluster.close()
+        raise SchedulerUnreachableError(
+            f"dask scheduler {address} did not answer within {timeout:g} s ({TIMEOUT_VARIABLE} sets the wait): "
+            f"{_one_line(exc)}", address) from None
+    try:
+        client.wait_for_workers(1, timeout=max(0.1, timeout - (time.monotonic() - began)))
+    except (OSError, TimeoutError):
+        client.close()
+        if cluster is not None:
+            cluster.close()
+        raise SchedulerUnreachableError(f"dask scheduler {address} answered but has no worker after {timeout:g} s "
+                                        f"({TIMEOUT_VARIABLE} sets the wait)", address) from None
+    _client, _cluster, _connected_to = client, cluster, address
+    _shown = address if cluster is None else f"{cluster.scheduler_address} (local cluster)"
+    return client
+
+
+def _start_local_cluster(distributed) -> Any:
+    """A LocalCluster on loopback: worker processes of one thread each, no dashboard (nothing listens outside)."""
+    return distributed.LocalCluster(
+        n_workers=local_workers(), threads_per_worker=1, processes=True, host="127.0.0.1",
+        dashboard_address=None, silence_logs=logging.ERROR,
+        # one Numba thread per worker, as in the process pool; dask's nanny already pins the BLAS threads
+        env={"NUMBA_NUM_THREADS": "1", "CROSSOVER_POOL_WORKER": "1"})
+
+
+def start() -> None:
+    """Connect now (the backend's one-off cost, which the core times once per process)."""
+    get_client()
+
+
+def shutdown() -> None:
+    """Close the client, and the local cluster if this process started one; the next map connects again."""
+    global _client, _cluster, _connected_to
+    client, cluster = _client, _cluster
+    _client, _cluster, _connected_to = None, None, None
+    for closable in (client, cluster):
+        if closable is not None:
+            try:
+                closable.close()
+            except Exception:  # a client whose scheduler is gone may fail to close: it is dropped anyway
+                pass
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def worker_slots() -> int:
+    """Tasks the cluster runs at once: the sum of its workers' threads.
+
+    Without a scheduler, 1 (nothing runs here anyway, and planning asks for
+    every backend). A ``local`` cluster not started yet answers its planned
+    size without starting it; a remote scheduler is connected to.
+    """
+    if scheduler_address() is None or not installed():
+        return 1
+    if _client is None and scheduler_address() == LOCAL:
+        return local_workers()
+    return max(1, sum(get_client().nthreads().values()))
+
+
+# -- the map -------------------------------------------------------------------------
+
+def tasks_per_batch(task_seconds: float, remaining: int, slots: int) -> int:
+    """How many tasks one dask task runs, from the first finished task's time on its worker.
+
+    Enough for a batch to last ``MIN_BATCH_SECONDS`` (so the scheduler's cost
+    per dask task stays a small share of the work), but never so many that a
+    worker would get fewer than ``BATCHES_PER_SLOT`` batches of what is left
+    (so an uneven batch leaves a short tail). Tasks of 100 ms or longer run
+    one per dask task.
+    """
+    by_time = math.ceil(MIN_BATCH_SECONDS / max(task_seconds, 1e-6))
+    by_share = math.ceil(remaining / (BATCHES_PER_SLOT * max(slots, 1)))
+    return max(1, min(by_time, by_share))
+
+
+Row = tuple[int, bool, Any, float]  # task index, succeeded, result or exception, seconds on the worker
+
+
+def _run_batch(fn: TaskFn, batch: list[tuple[int, Any, Any]], shared: Mapping[str, np.ndarray] | None) -> list[Row]:
+    """Worker side: run each task of a batch, returning its result, or its exception as a value."""
+    # a worker's solves are parts of the caller's: the timing history must not store them as whole solves
+    os.environ["CROSSOVER_POOL_WORKER"] = "1"
+    if "numba" in sys.modules:  # threads of one worker share its cores: one Numba thread each (thread-local)
+        sys.modules["numba"].set_num_threads(1)
+    views = readonly_views(shared)
+    rows: list[Row] = []
+    for index, task, seed in batch:
+        began = time.perf_counter()
+        try:
+            rows.append((index, True, fn(task, views, seed), time.perf_counter() - began))
+        except Exception as exc:
+            rows.append((index, False, _sendable(exc), time.perf_counter() - began))
+    return rows
+
+
+def _sendable(exc: Exception) -> Exception:
+    """``exc`` if it survives pickling back to the caller; else a stand-in with its type, message and traceback."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        remote = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        try:
+            message = str(exc)
+        except Exception:
+            message = "(its message could not be formatted)"
+        return UnpicklableTaskError(f"{type(exc).__name__}: {message}", remote)
+
+
+def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarray] | None = None,
+              seed: int | None = None, labels: Sequence[str] | None = None,
+              on_result: ResultCallback | None = None) -> list[Any]:
+    """Run ``fn(task, shared, seed)`` for every task on the cluster; results in task order.
+
+    The contract of :func:`core.tasks.map_tasks`: ``fn`` importable by the
+    workers, ``shared`` arrays sent once (scattered to every worker) and
+    read-only there, task ``i`` seeded with the ``i``-th child of
+    ``SeedSequence(seed)``, ``on_result(index, result)`` called here in
+    completion order. A failing task raises :class:`TaskFailedError`; a task
+    whose workers kept dying :class:`WorkerCrashedError`; a scheduler that
+    stops answering :class:`SchedulerUnreachableError`. Each names what it
+    blames and keeps the finished results.
+    """
+    tasks = list(tasks)
+    labels = task_labels(tasks, labels)
+    if not tasks:
+        return []
+    seeds = task_seeds(seed, len(tasks))
+    client = get_client()
+    address = _shown
+    results: list[Any] = [None] * len(tasks)
+    failures: dict[int, BaseException] = {}
+    submitted: dict[Any, list[int]] = {}
+    try:
+        shared_future = _scatter(client, shared, address, results)
+        _collect(client, fn, tasks, seeds, labels, shared_future, address, results, failures, on_result, submitted)
+    except BaseException:  # interrupted, or on_result raised: the cluster must not keep running this map
+        _cancel(client, list(submitted))
+        raise
+    if failures:
+        i = min(failures)  # the first failing task in the caller's order, whatever finished first
+        error = failures[i]
+        text = str(error) if isinstance(error, UnpicklableTaskError) else f"{type(error).__name__}: {error}"
+        raise TaskFailedError(f"task {i} ({labels[i]}) failed on the dask cluster at {address}: {text}",
+                              i, results) from error
+    return results
+
+
+def _scatter(client: Any, shared: Mapping[str, np.ndarray] | None, address: str, results: list) -> Any:
+    """The shared arrays on every worker, as one future (None without any)."""
+    if not shared:
+        return None
+    arrays = {name: np.asarray(array) for name, array in shared.items()}
+    try:
+        [future] = client.scatter([arrays], broadcast=True, hash=False)
+    except (OSError, TimeoutError) as exc:
+        raise _lost(address, results, exc) from None
+    return future
+
+
+def _collect(client: Any, fn: TaskFn, tasks: list, seeds: list, labels: list[str], shared_future: Any,
+             address: str, results: list, failures: dict[int, BaseException], on_result: ResultCallback | None,
+             submitted: dict[Any, list[int]]) -> None:
+    """Submit one task per slot, size the remaining batches from the first to finish, and take results."""
+    slots = max(1, sum(client.nthreads().values()))
+    pending = list(range(len(tasks)))
+    # each future reports here as it finishes (in a thread of the client): waiting needs no default client
+    finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def submit(indices: list[int]) -> None:
+        batch = [(i, tasks[i], seeds[i]) for i in indices]
+        future = client.submit(_run_batch, fn, batch, shared_future, pure=False)
+        submitted[future] = indices
+        future.add_done_callback(finished.put)
+
+    for i in pending[:slots]:
+        submit([i])
+    remaining, pending = min(slots, len(pending)), pending[slots:]
+    while remaining:
+        future = _next_finished(client, finished, address, results)
+        remaining -= 1
+        rows = _rows_of(future, submitted[future], labels, address, results)
+        for index, ok, value, _ in rows:
+            if ok:
+                results[index] = value
+                if on_result is not None:
+                    on_result(index, value)
+            else:
+                failures[index] = value
+        if pending:
+            size = tasks_per_batch(min(row[3] for row in rows), len(pending), slots)
+            for start in range(0, len(pending), size):
+                submit(pending[start:start + size])
+                remaining += 1
+            pending = []
+
+
+def _next_finished(client: Any, finished: queue.SimpleQueue, address: str, results: list) -> Any:
+    """The next future to finish; a scheduler that stops answering is an error, not a hang."""
+    lost_since = None
+    while True:
+        try:
+            return finished.get(timeout=_POLL_SECONDS)
+        except queue.Empty:
+            pass
+        if client.status == "running":
+            lost_since = None
+            continue
+        # the client tries to reconnect by itself for a while; past the timeout the scheduler is gone
+        lost_since = lost_since or time.monotonic()
+        if client.status in ("closed", "closing") or time.monotonic() - lost_since > connect_timeout():
+            raise _lost(address, results, None)
+
+
+def _rows_of(future: Any, indices: list[int], labels: list[str], address: str, results: list) -> list[Row]:
+    """A finished dask task's rows; a lost batch is an error naming its first task."""
+    if future.status == "finished":
+        try:
+            return future.result()
+        except OSError as exc:  # distributed's CommClosedError: the scheduler went away while sending it
+            raise _lost(address, results, exc) from None
+    first = indices[0]
+    who = f"task {first} ({labels[first]})" + (f" and {len(indices) - 1} more in its batch" if len(indices) > 1
+                                                else "")
+    if future.status == "cancelled" or type(future.exception()).__name__ == "FutureCancelledError":
+        raise _lost(address, results, None)
+    error = future.exception()
+    kept = sum(r is not None for r in results)
+    if type(error).__name__ == "KilledWorker":
+        raise WorkerCrashedError(f"dask workers at {address} kept dying while running {who}; Dask stopped "
+                                 f"retrying it (distributed.scheduler.allowed-failures) and {kept} finished "
+                                 f"results were kept", first, results) from error
+    raise TaskFailedError(f"{who} could not run on the dask cluster at {address}: {_one_line(error)}; "
+                          f"{kept} finished results were kept", first, results) from error
+
+
+def _lost(address: str, results: list, cause: BaseException | None) -> SchedulerUnreachableError:
+    """The error for a scheduler that stopped answering; the client is dropped so the next map reconnects."""
+    # the client logs its failed reconnections as errors with tracebacks: this error says it in one line
+    logging.getLogger("distributed.client").setLevel(logging.CRITICAL)
+    shutdown()
+    kept = sum(r is not None for r in results)
+    why = f" ({_one_line(cause)})" if cause is not None else ""
+    return SchedulerUnreachableError(f"dask scheduler {address} stopped answering during a map{why}; "
+                                     f"{kept} finished results were kept", address, results)
+
+
+def _cancel(client: Any, futures: list) -> None:
+    if futures and client.status == "running":
+        try:
+            client.cancel(futures)
+        except Exception:  # cancelling is a courtesy to the cluster; the original error matters more
+            pass
+
+
+# -- the backend record -------------------------------------------------------------
+
+def _probe() -> Availability:
+    if not installed():
+        return Availability(False, "dask.distributed is not installed (pip install 'crossover[distributed]')")
+    try:
+        address = scheduler_address()
+        connect_timeout()
+    except ValueError as exc:  # a malformed variable: plan and run then say why, rather than "uncalibrated"
+        return Availability(False, str(exc))
+    if address is None:
+        return Availability(False, f"no dask scheduler configured (--scheduler ADDRESS or 'local', "
+                                   f"or {SCHEDULER_VARIABLE})")
+    return Availability(True)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _describe() -> dict[str, Any]:
+    """What the backend runs on; the workers only once connected (describing never starts a cluster)."""
+    address = scheduler_address()
+    details: dict[str, Any] = {"device": "cluster", "scheduler": address, "distributed": _version("distributed")}
+    if _client is not None:
+        workers = _client.scheduler_info().get("workers", {})
+        details.update(workers=len(workers), threads=sum(w.get("nthreads", 0) for w in workers.values()))
+    elif address == LOCAL:
+        details.update(workers=local_workers(), threads=local_workers(), started=False)
+    return details
+
+
+def _free_memory() -> float | None:
+    """The smallest worker's memory limit, once connected (a task runs on one worker); else unknown."""
+    if _client is None:
+        return None
+    limits = [w.get("memory_limit") for w in _client.scheduler_info().get("workers", {}).values()]
+    limits = [float(limit) for limit in limits if limit]
+    return min(limits) if limits else None
+
+
+BACKEND = Backend(
+    name="dask",
+    summary="a dask.distributed cluster (--scheduler ADDRESS, or local) for batches of independent tasks",
+    probe=_probe,
+    describe=_describe,
+    simplicity=50,  # the most moving parts: a scheduler, workers, a network
+    free_memory=_free_memory,
+    start=start,
+    map=map_tasks,
+    parallelism=worker_slots,
+)
