@@ -42,6 +42,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import struct
 import warnings
 from collections.abc import Mapping
@@ -60,7 +61,8 @@ MARKERS = (ARRAY, FLOAT, TUPLE, DICT)
 STORABLE = ("None, bool, int, float, str, lists, tuples, dicts with str keys and NumPy arrays or scalars "
             "(numbers, bools, strings; never objects)")
 WHAT_TO_DO = "delete it to start afresh, or give another checkpoint path"
-SHOWN_CHARS = 40  # run fields longer than this (fingerprints) are said to differ, not printed
+FIX_LINE = "delete that line to compute its item again, or delete the file to start afresh"
+DIGEST = re.compile(r"[0-9a-f]{64}")  # a fingerprint: said to differ, not printed
 
 
 class CheckpointError(CrossoverError, ValueError):
@@ -265,7 +267,11 @@ def _load(path: Path, run: dict[str, Any]) -> list[Any]:
     if not lines:
         raise CheckpointError(f"checkpoint {path} is not a crossover checkpoint (no complete first line); "
                               f"{WHAT_TO_DO}")
-    _check_header(path, _parse(path, lines[0], 1), run)
+    try:
+        header = json.loads(lines[0])
+    except ValueError:
+        header = None  # some other file given as the checkpoint: refused below, never overwritten
+    _check_header(path, header, run)
     records = [_record(path, line, number) for number, line in enumerate(lines[1:], start=2)]
     if cut:
         warnings.warn(f"checkpoint {path}: its last line was cut short (a run stopped while writing it); dropped "
@@ -279,8 +285,7 @@ def _parse(path: Path, line: bytes, number: int) -> Any:
         return json.loads(line)
     except ValueError as exc:  # UnicodeDecodeError is one
         why = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
-        raise CheckpointError(f"checkpoint {path} is corrupt: line {number} is not JSON ({why}); {WHAT_TO_DO} "
-                              f"(finished items will be computed again)") from None
+        raise CheckpointError(f"checkpoint {path} is corrupt: line {number} is not JSON ({why}); {FIX_LINE}") from None
 
 
 def _record(path: Path, line: bytes, number: int) -> Any:
@@ -289,8 +294,8 @@ def _record(path: Path, line: bytes, number: int) -> Any:
     except (ValueError, TypeError, KeyError, AttributeError, binascii.Error) as exc:
         if isinstance(exc, CheckpointError):
             raise
-        raise CheckpointError(f"checkpoint {path} is corrupt: line {number} does not decode ({exc}); {WHAT_TO_DO} "
-                              f"(finished items will be computed again)") from None
+        raise CheckpointError(f"checkpoint {path} is corrupt: line {number} does not decode ({exc}); {FIX_LINE}") \
+            from None
 
 
 def _check_header(path: Path, header: Any, run: dict[str, Any]) -> None:
@@ -311,6 +316,6 @@ def _check_header(path: Path, header: Any, run: dict[str, Any]) -> None:
 
 
 def _difference(key: str, before: Any, now: Any) -> str:
-    if max(len(repr(before)), len(repr(now))) > SHOWN_CHARS:
+    if any(isinstance(v, str) and DIGEST.fullmatch(v) for v in (before, now)):
         return f"{key} differs"
     return f"{key}: {before!r} there, {now!r} here"
