@@ -175,16 +175,7 @@ def _profile(shifted, flux, weight, local, arm, n_arms, ridge, jac, keep):  # pr
     return chi2, coeffs, model, hessian, gradient, jproj
 
 
-def _scatter_add(out, index, values):  # pragma: no cover - compiled
-    b_count, n = values.shape
-    for b in prange(b_count):
-        for i in range(n):
-            out[b, index[i]] += values[b, i]
-    return out
-
-
-_NAMES = {"interpolate_exp": _interpolate_exp, "resample": _resample, "profile": _profile,
-          "scatter_add": _scatter_add}
+_NAMES = {"interpolate_exp": _interpolate_exp, "resample": _resample, "profile": _profile}
 
 
 def _variant(fn, suffix: str):
@@ -240,23 +231,3 @@ class NumbaOps(NumpyOps):
         if not jac:
             return chi2, coeffs, model, None, None, None
         return chi2, coeffs, model, hessian, gradient, (jproj if keep_jacobian else None)
-
-    def scatter_add(self, out, index, values):
-        return self._kernel("scatter_add", out.shape[0])(out, np.ascontiguousarray(index),
-                                                    np.ascontiguousarray(values, dtype=out.dtype))
-
-    def rfft(self, x, n: int):
-        import scipy.fft
-
-        return scipy.fft.rfft(x, n=n, axis=-1, workers=_threads())
-
-    def irfft(self, x, n: int):
-        import scipy.fft
-
-        return scipy.fft.irfft(x, n=n, axis=-1, workers=_threads())
-
-
-def _threads() -> int:
-    import numba
-
-    return int(numba.get_num_threads())

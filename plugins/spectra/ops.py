@@ -66,17 +66,6 @@ class NumpyOps:
     def eye(self, n: int) -> np.ndarray:
         return np.eye(n)
 
-    def rfft(self, x: np.ndarray, n: int) -> np.ndarray:
-        return np.fft.rfft(x, n=n, axis=-1)
-
-    def irfft(self, x: np.ndarray, n: int) -> np.ndarray:
-        return np.fft.irfft(x, n=n, axis=-1)
-
-    def scatter_add(self, out: np.ndarray, index: np.ndarray, values: np.ndarray) -> np.ndarray:
-        """``out[:, index[i]] += values[:, i]``, duplicates summed (arms overlap)."""
-        np.add.at(out, (slice(None), index), values)
-        return out
-
     def argmax(self, x: np.ndarray, axis: int) -> np.ndarray:
         return np.argmax(x, axis=axis)
 
@@ -187,15 +176,6 @@ class TorchOps(NumpyOps):
 
     def eye(self, n: int):
         return self.torch.eye(n, dtype=self.torch.float64, device=self.device)
-
-    def rfft(self, x, n: int):
-        return self.torch.fft.rfft(x, n=n, dim=-1)
-
-    def irfft(self, x, n: int):
-        return self.torch.fft.irfft(x, n=n, dim=-1)
-
-    def scatter_add(self, out, index, values):
-        return out.index_add_(1, index, values)
 
     def cat(self, arrays, axis: int):
         return self.torch.cat(arrays, dim=axis)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from core import tasks
-from plugins.spectra.fit import ccf_start, finish, lm_batch, reference_fit, usable
+from plugins.spectra.fit import ccf_design, ccf_start, finish, lm_batch, reference_fit, usable
 from plugins.spectra.model import Spectra, prepare
 from plugins.spectra.ops import NumpyOps, TorchOps
 from plugins.spectra.problem import SpectraProblem
@@ -39,7 +39,7 @@ def fit_batch(spectra: Spectra, library: TemplateLibrary, ops: Any, *, method: s
         if rows.size < len(fitted):
             index = ops.asint(rows)
             flux, weight = flux[index], weight[index]
-        p0 = ccf_start(prep, flux, weight)
+        p0 = ccf_start(prep, flux, weight, ccf_design(prep, library))
         if method == "scipy":
             result = reference_fit(prep, ops.to_numpy(flux), ops.to_numpy(weight), ops.to_numpy(p0), max_iter, tol)
         else:
