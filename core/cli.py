@@ -32,6 +32,7 @@ from rich.table import Table
 
 import core
 from core.atomic import atomic_write
+from core.backends import dask_cluster
 from core.costmodel.calibrate import CalibrationInterrupted
 from core.costmodel.store import WisdomWarning
 from core.errors import CrossoverError, PluginError, PluginWarning, TaskFailedError
@@ -475,9 +476,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    # after the command too; SUPPRESS keeps a value given before the command from being reset to None
+    common.add_argument("--scheduler", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser = argparse.ArgumentParser(
         prog="crossover", description="Run each solver on the backend that is measurably fastest for it here.")
     parser.add_argument("--version", action="version", version=f"crossover {core.__version__}")
+    parser.add_argument("--scheduler", metavar="ADDRESS", default=None,
+                        help="run the dask backend on this scheduler (host:port, tcp://host:port, or local for a "
+                             f"loopback LocalCluster); default: ${dask_cluster.SCHEDULER_VARIABLE}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     commands.add_parser("backends", parents=[common], help="list backends, whether they run here and why not")
@@ -550,6 +556,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "parser.set_defaults(handler=fn)", file=sys.stderr)
         return FAULT
     try:
+        if args.scheduler is not None:  # before any probe: the dask backend is available only with a scheduler
+            dask_cluster.use_scheduler(args.scheduler)
         status = command(args)
         sys.stdout.flush()  # a closed pipe shows here, where it can be handled, not at exit
     except BrokenPipeError:  # `crossover ... | head`: the reader has all it wanted

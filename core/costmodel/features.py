@@ -6,9 +6,11 @@ the share of the work that the busiest worker does,
     span = work * ceil(tasks / parallelism) / tasks
 
 since a pool of W workers running T equal tasks waits for ceil(T / W) of
-them in a row. The core derives it from the backend's ``parallelism()``, so
-a plugin declares only how many tasks it splits into and which feature
-they share, and never reads a pool's size.
+them in a row. On a cluster each of those rounds also pays a scheduler round
+trip, so its models have a ``rounds`` feature, ceil(T / W), as well. The
+core derives both from the backend's ``parallelism()``, so a plugin declares
+only how many tasks it splits into and which feature they share, and never
+reads a pool's size.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from core.registry import get_registry
 from core.solver import SolverSpec, backend_of
 
 SPAN = "span"
+ROUNDS = "rounds"
+# backends whose every task pays a round trip worth a term of its own: a cluster's scheduler and network
+# (measured: a few ms per dask task). A local pool's per-task cost is inside its fit's intercept and span.
+PER_ROUND_BACKENDS = frozenset({"dask"})
 
 
 def parallelism(implementation: str) -> int | None:
@@ -42,7 +48,10 @@ def model_features(spec: SolverSpec, problem: Any, implementation: str,
     workers = parallelism(implementation) if spec.parallel_tasks is not None else None
     if workers is not None and spec.span_feature is not None:
         tasks = max(1.0, float(spec.parallel_tasks(problem)))
-        features[SPAN] = features[spec.span_feature] * math.ceil(tasks / workers) / tasks
+        rounds = math.ceil(tasks / workers)
+        features[SPAN] = features[spec.span_feature] * rounds / tasks
+        if backend_of(implementation) in PER_ROUND_BACKENDS:
+            features[ROUNDS] = float(rounds)
     return features
 
 

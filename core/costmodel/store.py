@@ -48,6 +48,7 @@ from typing import Any
 import platformdirs
 
 from core.backend import usable_cores
+from core.backends import dask_cluster
 
 FORMAT = 3  # 3: a host fingerprint plus one fingerprint per backend (2: one fingerprint for everything)
 FILENAME = "wisdom.json"
@@ -147,6 +148,21 @@ def _process_workers() -> int | str:
         return f"CROSSOVER_WORKERS={os.environ.get('CROSSOVER_WORKERS')!r}"
 
 
+def _dask_print() -> dict[str, Any]:
+    """The scheduler (its address, or a local cluster's size) and dask's version; never connects.
+
+    A remote cluster's worker count is not here: it enters the model as the
+    span and rounds features, so a resized cluster is predicted, not forgotten.
+    """
+    try:
+        address = dask_cluster.scheduler_address()
+    except Exception:  # a malformed CROSSOVER_DASK_SCHEDULER is reported where the backend is probed
+        address = f"{dask_cluster.SCHEDULER_VARIABLE}={os.environ.get(dask_cluster.SCHEDULER_VARIABLE)!r}"
+    local = {"workers": dask_cluster.local_workers()} if address == dask_cluster.LOCAL else {}
+    return {"scheduler": address, **local, "distributed": _version("distributed"), "numpy": _version("numpy"),
+            "numba": _version("numba")}
+
+
 def _process_start_method() -> str:
     from core.backends.process_pool import start_method
 
@@ -161,6 +177,7 @@ _BACKEND_PRINTS: dict[str, Callable[[], dict[str, Any]]] = {
     # workers run numpy and numba kernels with one thread each: the parent's thread settings do not matter
     "process": lambda: {"workers": _process_workers(), "start_method": _process_start_method(),
                         "numpy": _version("numpy"), "numba": _version("numba")},
+    "dask": _dask_print,
     "torch": lambda: {"torch": _version("torch"), **_torch_build(), "gpus": gpu_names(),
                       **_env("CUDA_VISIBLE_DEVICES")},
 }
