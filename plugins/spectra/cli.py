@@ -2,9 +2,14 @@
 
 fit-spectra reads a coadd in batches whose size comes from the memory model
 (:func:`plugins.spectra.work.batch_bytes`) and the chosen backend's free
-memory, never from a fixed number; after each batch the output file is
-rewritten atomically with every row finished so far, so results stream out
-as they finish and an interrupted run keeps them.
+memory, never from a fixed number. Each finished batch is appended to a
+checkpoint beside the output, ``OUT.partial.jsonl`` (:mod:`core.checkpoint`),
+so an interrupted or killed run keeps every batch it finished; the same
+command run again fits only the rows not yet in it and says how many it
+skipped. Once every row is fitted, the results table is written atomically
+and the checkpoint removed. The checkpoint belongs to the input's bytes and
+the fit settings (grid, degree, iterations), not to the backend or the batch
+size, which may change between runs (the free memory does).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -108,9 +114,15 @@ def choose(path: str, args: argparse.Namespace, n: int) -> tuple[str, int]:
     return decision.backend, sizes.get(decision.backend, batch_for(decision.backend))
 
 
+def checkpoint_path(output: str) -> Path:
+    """Where fit-spectra keeps the batches of an unfinished run: beside the output."""
+    return Path(f"{output}.partial.jsonl")
+
+
 def cmd_fit_spectra(args: argparse.Namespace) -> int:
-    import core
-    from plugins.spectra.fitsio import coadd_rows, read_coadd, write_results
+    from core.checkpoint import open_checkpoint
+    from core.cli import Interrupted
+    from plugins.spectra.fitsio import coadd_rows, write_results
 
     if args.max_iter < 1 or args.degree < 0 or (args.batch is not None and args.batch < 1):
         raise ProblemError(f"--max-iter={args.max_iter}, --degree={args.degree}, --batch={args.batch}: "
@@ -118,35 +130,118 @@ def cmd_fit_spectra(args: argparse.Namespace) -> int:
     n = coadd_rows(args.input)
     if n == 0:
         raise ProblemError(f"input {args.input!r} holds no spectra")
-    implementation, batch = choose(args.input, args, n)
-    print(f"crossover fit-spectra: {n} spectra on {implementation}, batches of {batch}", file=sys.stderr)
-    parts: list[dict[str, np.ndarray]] = []
-    started = time.perf_counter()
-    with _progress(n) as advance:
-        for start in range(0, n, batch):
-            spectra = read_coadd(args.input, start, start + batch)
-            result = core.solve(_problem(spectra, args), backend=implementation)
-            parts.append(result.outputs)
-            write_results(_merge(parts), args.output)  # every finished row is on disk now
-            advance(len(spectra))
-    merged = _merge(parts)
-    ok = int(np.sum(merged["SUCCESS"]))
-    seconds = time.perf_counter() - started
-    print(f"{n} spectra fitted in {seconds:.1f} s ({n / seconds:.1f} per second) on {implementation}; "
-          f"{ok} succeeded, {n - ok} flagged; results in {args.output}")
+    store = open_checkpoint(checkpoint_path(args.output), _run_identity(args, n))
+    table = _Table(n)
+    try:
+        for number, record in enumerate(store.records, start=1):
+            table.take(*_checked_batch(store.path, number, record, n))
+        skipped = table.count()
+        if store.records:
+            print(f"resumed: {skipped} of {n} spectra already fitted, skipped (from {store.path})", file=sys.stderr)
+        started = time.perf_counter()
+        implementation = _fit_missing(args, table, store) if skipped < n else "none"
+        seconds = time.perf_counter() - started
+    except KeyboardInterrupt as interrupt:
+        if type(interrupt) is not KeyboardInterrupt:  # one that already says what it kept (calibration's)
+            raise
+        raise Interrupted(f"kept the spectra fitted so far in {store.path}; run the same command again to resume "
+                          f"from there") from None
+    finally:
+        store.close()
+    merged = table.assembled()
+    write_results(merged, args.output)
+    store.remove()  # only once the table is safely on disk
+    ok, fitted = int(np.sum(merged["SUCCESS"])), n - skipped
+    rate = f" ({fitted / seconds:.1f} per second)" if fitted and seconds > 0 else ""
+    resumed = f", {skipped} resumed" if skipped else ""
+    print(f"{fitted} spectra fitted in {seconds:.1f} s{rate} on {implementation}{resumed}; {ok} succeeded, "
+          f"{n - ok} flagged; results in {args.output}")
     return 0
 
 
-def _merge(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    keys = [k for k, v in parts[0].items() if np.ndim(v) == 1]
-    return {k: np.concatenate([np.asarray(p[k]) for p in parts]) for k in keys}
+def _fit_missing(args: argparse.Namespace, table: _Table, store: Any) -> str:
+    """Fit the rows not in ``table`` batch by batch, appending each batch to the checkpoint as it finishes."""
+    import core
+    from plugins.spectra.fitsio import RESULT_COLUMNS, read_coadd
+
+    implementation, batch = choose(args.input, args, table.n)
+    print(f"crossover fit-spectra: {table.n - table.count()} spectra on {implementation}, batches of {batch}",
+          file=sys.stderr)
+    with _progress(table.n, table.count()) as advance:
+        for first, last in table.missing():
+            for start in range(first, last, batch):
+                stop = min(start + batch, last)
+                clock = time.perf_counter()
+                result = core.solve(_problem(read_coadd(args.input, start, stop), args), backend=implementation)
+                outputs = {name: np.asarray(result.outputs[name]) for name in RESULT_COLUMNS}
+                store.append({"start": start, "stop": stop, "outputs": outputs, "backend": result.backend,
+                              "seconds": time.perf_counter() - clock})  # on disk now: a crash keeps it
+                table.take(start, stop, outputs)
+                advance(stop - start)
+    return implementation
+
+
+def _run_identity(args: argparse.Namespace, n: int) -> dict[str, Any]:
+    """What makes two fit-spectra runs the same: the input's bytes and the settings that change a fit."""
+    from core.checkpoint import file_fingerprint
+
+    grid = file_fingerprint(args.grid) if Path(args.grid).is_file() else args.grid  # a library file: its bytes
+    return {"kind": "fit-spectra", "input": file_fingerprint(args.input), "spectra": n, "grid": grid,
+            "degree": args.degree, "max_iter": args.max_iter}
+
+
+def _checked_batch(path: Path, number: int, record: Any, n: int) -> tuple[int, int, dict[str, Any]]:
+    """A checkpoint record as (start, stop, outputs), or a clear error for one this command did not write."""
+    from core.checkpoint import CheckpointError
+    from plugins.spectra.fitsio import RESULT_COLUMNS
+
+    fields = record if isinstance(record, dict) else {}
+    start, stop, outputs = fields.get("start"), fields.get("stop"), fields.get("outputs")
+    if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start < stop <= n
+            and isinstance(outputs, dict)
+            and all(np.shape(outputs.get(name)) == (stop - start,) for name in RESULT_COLUMNS)):
+        raise CheckpointError(f"checkpoint {path} is corrupt: record {number} is not a batch of rows of this input "
+                              f"(start={start!r}, stop={stop!r}, {n} spectra, one value per row in each result "
+                              f"column); delete it to start afresh")
+    return start, stop, outputs
+
+
+class _Table:
+    """The result rows fitted so far, in any order and batch size, and the runs of rows still to fit."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.filled = np.zeros(n, dtype=bool)
+        self.rows: list[np.ndarray] = []
+        self.columns: dict[str, list[np.ndarray]] = {}
+
+    def take(self, start: int, stop: int, outputs: dict[str, Any]) -> None:
+        """Add rows ``start:stop``, but not those already there (two runs at once may fit a row twice)."""
+        new = ~self.filled[start:stop]
+        self.filled[start:stop] = True
+        self.rows.append(np.arange(start, stop)[new])
+        for name, values in outputs.items():
+            self.columns.setdefault(name, []).append(np.asarray(values)[new])
+
+    def count(self) -> int:
+        return int(self.filled.sum())
+
+    def missing(self) -> list[tuple[int, int]]:
+        """The runs of consecutive rows not fitted yet, as (start, stop) pairs."""
+        edges = np.flatnonzero(np.diff(np.concatenate([[True], self.filled, [True]]).astype(np.int8)))
+        return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2])]
+
+    def assembled(self) -> dict[str, np.ndarray]:
+        """Every column in input row order."""
+        order = np.argsort(np.concatenate(self.rows), kind="stable")
+        return {name: np.concatenate(parts)[order] for name, parts in self.columns.items()}
 
 
 class _progress:
     """A rich progress bar on stderr at a terminal; plain lines per batch otherwise."""
 
-    def __init__(self, total: int):
-        self.total, self.done, self.bar, self.task = total, 0, None, None
+    def __init__(self, total: int, done: int = 0):
+        self.total, self.done, self.bar, self.task = total, done, None, None
 
     def __enter__(self):
         if sys.stderr.isatty():
@@ -156,7 +251,7 @@ class _progress:
             self.bar = Progress(TextColumn("fitting"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                                 TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True))
             self.bar.start()
-            self.task = self.bar.add_task("fit", total=self.total)
+            self.task = self.bar.add_task("fit", total=self.total, completed=self.done)
         return self.advance
 
     def advance(self, count: int) -> None:
