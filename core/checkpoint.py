@@ -144,9 +144,9 @@ def _json_line(value: Any) -> bytes:
     return (json.dumps(value, allow_nan=False, separators=(",", ":")) + "\n").encode("utf-8")
 
 
-def fingerprint(value: Any) -> str:
+def fingerprint(value: Any, where: str = "value") -> str:
     """A SHA-256 of ``value``'s canonical encoding: equal values (to the bit) give equal fingerprints."""
-    text = json.dumps(encode(value), allow_nan=False, sort_keys=True, separators=(",", ":"))
+    text = json.dumps(encode(value, where), allow_nan=False, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -175,9 +175,12 @@ class Checkpoint:
         self.records = records  # decoded, in file order (a retried item may appear more than once)
         self._descriptor: int | None = descriptor
 
-    def append(self, record: Any) -> None:
-        """Add one finished item; it is on disk (fsync'd) when this returns."""
-        line = _json_line(encode(record, "record"))  # encoded first: a value it cannot store writes nothing
+    def append(self, record: Any, where: str = "record") -> None:
+        """Add one finished item; it is on disk (fsync'd) when this returns.
+
+        ``where`` names the record in the error raised for a value it cannot store.
+        """
+        line = _json_line(encode(record, where))  # encoded first: a value it cannot store writes nothing
         if self._descriptor is None:
             raise CheckpointError(f"checkpoint {self.path} is closed: open it again to append")
         size = os.fstat(self._descriptor).st_size

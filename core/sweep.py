@@ -237,7 +237,7 @@ def _sweep_rest(target: Target, points: list[dict[str, Any]], done: dict[int, Sw
         index = todo[position]
         finished[index] = _as_point(points[index], row)
         if store is not None:
-            store.append(_record(index, finished[index]))
+            _store(store, index, finished[index])
         if on_result is not None:
             on_result(index, finished[index])
 
@@ -267,13 +267,21 @@ def _run_identity(target: Target, points: list[dict[str, Any]]) -> dict[str, Any
     run: dict[str, Any] = {"kind": "sweep", "target": _target_name(target), "points": len(points)}
     if isinstance(target, str):
         run["solver_version"] = get_solver(target).version
-    run["grid"] = fingerprint(points)
+    run["grid"] = fingerprint(points, "grid")
     return run
 
 
 def _record(index: int, point: SweepPoint) -> dict[str, Any]:
     return {"index": index, "params": point.params, "outputs": point.outputs, "error": point.error,
             "seconds": point.seconds, "backend": point.backend}
+
+
+def _store(store: Checkpoint, index: int, point: SweepPoint) -> None:
+    try:
+        store.append(_record(index, point))
+    except CheckpointError as exc:  # say which point, and the way out
+        raise CheckpointError(f"checkpoint {store.path}: point {index} {repr(point.params)[:80]} cannot be stored: "
+                              f"{exc}; return storable outputs, or sweep without checkpoint=") from None
 
 
 def _resumed_points(store: Checkpoint, points: list[dict[str, Any]]) -> dict[int, SweepPoint]:

@@ -272,3 +272,17 @@ def test_a_solver_sweep_resumes_with_its_outputs_intact(tmp_path):
     again = core.sweep("mfg.fixed_point", grid, backend="numba", checkpoint=path)
     assert [p.resumed for p in again] == [True, False]  # the invalid point is tried again
     assert same(again[0].outputs, first[0].outputs) and "Nt=0 is invalid" in again[1].error
+
+
+def test_outputs_or_a_grid_it_cannot_store_are_one_clear_error(tmp_path):
+    import fractions
+
+    path = tmp_path / "sweep.jsonl"
+    with pytest.raises(CheckpointError, match=r"point 0 \{'numerator': 1\} cannot be stored: record\['outputs'\] "
+                                              r"is a Fraction: a checkpoint holds None, bool, int, float, str, .*; "
+                                              r"return storable outputs, or sweep without checkpoint="):
+        core.sweep(fractions.Fraction, {"numerator": [1, 2]}, backend="numpy", checkpoint=path)
+    with pytest.raises(CheckpointError, match=r"grid\[0\]\['numerator'\] is a Fraction"):
+        core.sweep(fractions.Fraction, [{"numerator": fractions.Fraction(1)}], backend="numpy",
+                   checkpoint=tmp_path / "other.jsonl")
+    assert not (tmp_path / "other.jsonl").exists()
