@@ -27,7 +27,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from core.api import solve
@@ -55,7 +55,7 @@ class SweepPoint:
     error: str | None
     seconds: float
     backend: str | None
-    resumed: bool = False  # rebuilt from the checkpoint of an earlier run, not computed by this one
+    resumed: bool = field(default=False, compare=False)  # rebuilt from an earlier run's checkpoint, not computed now
 
     @property
     def ok(self) -> bool:
