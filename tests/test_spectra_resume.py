@@ -96,3 +96,36 @@ def test_a_checkpoint_of_other_settings_is_refused(coadd, tmp_path, monkeypatch,
     assert (f"crossover: error: checkpoint {checkpoint_path(str(out))} belongs to another run (max_iter: 30 there, "
             f"5 here); delete it to start afresh, or give another checkpoint path") in error
     assert checkpoint_path(str(out)).is_file()  # never thrown away for the user
+
+
+def test_a_run_stopped_while_writing_the_table_resumes_without_fitting(coadd, reference, tmp_path, monkeypatch,
+                                                                       capsys):
+    from plugins.spectra import fitsio
+
+    out, other = tmp_path / "out.fits", tmp_path / "other.fits"
+    write = fitsio.write_results
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fitsio, "write_results", interrupted)
+    assert fit(coadd, out, "--batch", "4") == 130
+    assert "kept the spectra fitted so far in" in capsys.readouterr().err
+    monkeypatch.setattr(fitsio, "write_results", write)
+    path = checkpoint_path(str(out))
+    checkpoint_path(str(other)).write_bytes(path.read_bytes())  # every row is in it
+
+    solves = Solves(monkeypatch)
+    assert fit(coadd, other, "--batch", "4") == 0
+    captured = capsys.readouterr()
+    assert "resumed: 10 of 10 spectra already fitted, skipped" in captured.err
+    assert "no spectra left to fit (10 resumed); 10 succeeded, 0 flagged" in captured.out and not solves.batches
+    assert same_table(read_results(other), reference)
+
+    path.write_bytes(path.read_bytes()[:-5])  # a crash cut the last batch's line short
+    assert fit(coadd, out, "--batch", "4") == 0
+    captured = capsys.readouterr()
+    assert f"crossover: warning: checkpoint {path}: its last line was cut short" in captured.err
+    assert "resumed: 8 of 10 spectra already fitted, skipped" in captured.err
+    assert solves.batches == [list(reference["TARGETID"][8:])] and "2 spectra fitted in" in captured.out
+    assert same_table(read_results(out), reference)

@@ -120,7 +120,6 @@ def checkpoint_path(output: str) -> Path:
 
 
 def cmd_fit_spectra(args: argparse.Namespace) -> int:
-    from core.checkpoint import open_checkpoint
     from core.cli import Interrupted
     from plugins.spectra.fitsio import coadd_rows, write_results
 
@@ -130,7 +129,7 @@ def cmd_fit_spectra(args: argparse.Namespace) -> int:
     n = coadd_rows(args.input)
     if n == 0:
         raise ProblemError(f"input {args.input!r} holds no spectra")
-    store = open_checkpoint(checkpoint_path(args.output), _run_identity(args, n))
+    store = _open_checkpoint(args, n)
     table = _Table(n)
     try:
         for number, record in enumerate(store.records, start=1):
@@ -139,8 +138,10 @@ def cmd_fit_spectra(args: argparse.Namespace) -> int:
         if store.records:
             print(f"resumed: {skipped} of {n} spectra already fitted, skipped (from {store.path})", file=sys.stderr)
         started = time.perf_counter()
-        implementation = _fit_missing(args, table, store) if skipped < n else "none"
+        implementation = _fit_missing(args, table, store) if skipped < n else None
         seconds = time.perf_counter() - started
+        merged = table.assembled()
+        write_results(merged, args.output)
     except KeyboardInterrupt as interrupt:
         if type(interrupt) is not KeyboardInterrupt:  # one that already says what it kept (calibration's)
             raise
@@ -148,15 +149,30 @@ def cmd_fit_spectra(args: argparse.Namespace) -> int:
                           f"from there") from None
     finally:
         store.close()
-    merged = table.assembled()
-    write_results(merged, args.output)
     store.remove()  # only once the table is safely on disk
     ok, fitted = int(np.sum(merged["SUCCESS"])), n - skipped
-    rate = f" ({fitted / seconds:.1f} per second)" if fitted and seconds > 0 else ""
-    resumed = f", {skipped} resumed" if skipped else ""
-    print(f"{fitted} spectra fitted in {seconds:.1f} s{rate} on {implementation}{resumed}; {ok} succeeded, "
-          f"{n - ok} flagged; results in {args.output}")
+    if implementation is None:
+        done = f"no spectra left to fit ({skipped} resumed)"
+    else:
+        rate = f" ({fitted / seconds:.1f} per second)" if seconds > 0 else ""
+        done = f"{fitted} spectra fitted in {seconds:.1f} s{rate} on {implementation}"
+        done += f", {skipped} resumed" if skipped else ""
+    print(f"{done}; {ok} succeeded, {n - ok} flagged; results in {args.output}")
     return 0
+
+
+def _open_checkpoint(args: argparse.Namespace, n: int) -> Any:
+    """The run's checkpoint; a repair of a cut-off last line is one ``crossover: warning:`` line."""
+    import warnings
+
+    from core.checkpoint import CheckpointWarning, open_checkpoint
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CheckpointWarning)
+        store = open_checkpoint(checkpoint_path(args.output), _run_identity(args, n))
+    for warning in caught:  # open_checkpoint warns of nothing else
+        print(f"crossover: warning: {warning.message}", file=sys.stderr)
+    return store
 
 
 def _fit_missing(args: argparse.Namespace, table: _Table, store: Any) -> str:
