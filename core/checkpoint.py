@@ -44,6 +44,7 @@ import math
 import os
 import re
 import struct
+import sys
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -278,9 +279,18 @@ def _load(path: Path, run: dict[str, Any]) -> list[Any]:
     records = [_record(path, line, number) for number, line in enumerate(lines[1:], start=2)]
     if cut:
         warnings.warn(f"checkpoint {path}: its last line was cut short (a run stopped while writing it); dropped "
-                      f"it and kept the {len(records)} complete records", CheckpointWarning, stacklevel=3)
+                      f"it and kept the {len(records)} complete records", CheckpointWarning, stacklevel=_users_level())
         _rewrite(path, data[:len(data) - len(cut)])
     return records
+
+
+def _users_level() -> int:
+    """The stack level of the first caller outside crossover's core, so that a warning points at the user's call."""
+    core = str(Path(__file__).resolve().parent)
+    frame, level = sys._getframe(1), 1  # the function that warns is stack level 1
+    while frame is not None and frame.f_code.co_filename.startswith(core):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _parse(path: Path, line: bytes, number: int) -> Any:

@@ -216,8 +216,9 @@ def test_a_cut_off_line_costs_only_its_own_point(tmp_path):
     grid = {"x": [0, 1, 2, 3], "calls": [calls]}
     first = core.sweep(targets.awkward, grid, backend="numpy", checkpoint=path)
     path.write_bytes(path.read_bytes()[:-20])
-    with pytest.warns(CheckpointWarning, match="kept the 3 complete records"):
+    with pytest.warns(CheckpointWarning, match="kept the 3 complete records") as caught:
         again = core.sweep(targets.awkward, grid, backend="numpy", checkpoint=path)
+    assert caught[0].filename == __file__  # the warning points at the user's call, not into core
     assert targets.calls_of(calls) == [0, 1, 2, 3, 3]
     assert same_points(again, first)
 
