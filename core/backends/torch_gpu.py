@@ -9,10 +9,12 @@ it costs seconds.
 from __future__ import annotations
 
 import importlib.util
+import os
 from typing import Any
 
 from core.backend import Availability, Backend
 from core.errors import BackendUnavailableError
+from core.validation import fail
 
 
 def _torch():
@@ -61,10 +63,61 @@ def _describe() -> dict[str, Any]:
         props = torch.cuda.get_device_properties(0)
         info.update(device=f"cuda:0 {props.name}", memory_gib=round(props.total_memory / 2**30, 1),
                     multiprocessors=props.multi_processor_count, cuda=torch.version.cuda,
-                    gpus=torch.cuda.device_count())
+                    gpus=torch.cuda.device_count(), gpus_used=gpu_count())
+        # the memory model is per device: a batch split across the GPUs must fit each one
+        info["free_gib_per_gpu"] = [round(free / 2**30, 1) for free in free_memory_per_gpu()]
     elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        info.update(device="mps")
+        info.update(device="mps", gpus=1)
     return info
+
+
+# how many GPUs a batched solver may split its batch across (default: every visible one)
+GPUS_VARIABLE = "CROSSOVER_GPUS"
+
+
+def gpu_count(limit: int | None = None) -> int:
+    """GPUs a batched solver splits its batch across: the visible CUDA devices (MPS: one), at most ``limit``.
+
+    ``limit`` defaults to ``CROSSOVER_GPUS`` (an integer >= 1), else every
+    visible device. Without a GPU, 0.
+    """
+    if limit is None:
+        configured = os.environ.get(GPUS_VARIABLE, "").strip()
+        if configured:
+            if not (configured.isascii() and configured.isdigit()) or int(configured) < 1:
+                raise fail(GPUS_VARIABLE, os.environ[GPUS_VARIABLE], "must be an integer >= 1, or unset")
+            limit = int(configured)
+    elif limit < 1:
+        raise fail("devices", limit, "must be an integer >= 1, or None for every visible GPU")
+    if importlib.util.find_spec("torch") is None:
+        return 0
+    torch = _torch()
+    if torch.cuda.is_available():
+        visible = torch.cuda.device_count()
+    else:
+        mps = getattr(torch.backends, "mps", None)
+        visible = 1 if mps is not None and mps.is_available() else 0
+    return visible if limit is None else min(visible, limit)
+
+
+def free_memory_per_gpu() -> list[float]:
+    """Free bytes on each visible CUDA device (creates a context on each; for ``describe``)."""
+    torch = _torch()
+    return [float(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())]
+
+
+def free_for_batches() -> float | None:
+    """Bytes a batch may still take on this process's current GPU: free, plus what torch's cache holds unused.
+
+    The caching allocator keeps freed blocks reserved, and the device counts
+    them as used; a next sub-batch reuses them. None where the device
+    cannot say (MPS).
+    """
+    torch = _torch()
+    if not torch.cuda.is_available():
+        return None
+    cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    return float(torch.cuda.mem_get_info()[0] + max(cached, 0))
 
 
 def start() -> None:

@@ -101,8 +101,8 @@ def solve_parallel(problem: CommonNoiseProblem, *, backend: str) -> dict[str, np
     return summarize(problem, tasks.map_tasks(path_task, jobs, seed=problem.seed, labels=labels, backend=backend))
 
 
-def solve_torch(problem: CommonNoiseProblem, *, hjb_device: bool) -> dict[str, np.ndarray]:
-    """All K paths as one batch: one FP launch per Picard iteration for every path.
+def solve_torch(problem: CommonNoiseProblem, *, hjb_device: bool, devices: int | None = None) -> dict[str, np.ndarray]:
+    """All K paths as batches on the GPUs: one FP launch per Picard iteration for every path of a batch.
 
     The HJB sweeps run batched on the device (``hjb_device``) or path by path
     with numba on the host; which is faster depends on the machine and the
@@ -110,7 +110,52 @@ def solve_torch(problem: CommonNoiseProblem, *, hjb_device: bool) -> dict[str, n
     ``coupling.torch_steps``). U and M cross to the host once per iteration
     for the damping and the convergence test (K x (Nt+1) x Nx numbers, never
     particles).
+
+    With several GPUs (every visible one, at most ``devices`` or
+    ``CROSSOVER_GPUS``) the paths split into contiguous slices, one per GPU,
+    each solved in that GPU's own process (:mod:`core.backends.torch_devices`),
+    and gather in path order. On each GPU, paths that do not fit its free
+    memory together run in consecutive sub-batches that do. Path k draws
+    from the k-th child of ``SeedSequence(seed)`` wherever it runs, and no
+    path's fixed point depends on which others share its batch (each stops
+    on its own test; the particles' streams do not depend on the path's
+    place in the batch), so the answer equals one GPU's up to the order of
+    the kernels' float64 atomic adds.
     """
+    from core.backends import torch_devices, torch_gpu
+
+    slices = torch_devices.split_batch(problem.K, max(torch_gpu.gpu_count(devices), 1))
+    if len(slices) == 1:
+        paths = solve_paths((problem, hjb_device, slices[0]))
+    else:
+        parts = torch_devices.map_devices(solve_paths, [(problem, hjb_device, s) for s in slices],
+                                          torch_devices.visible_devices(len(slices)))
+        paths = [path for part in parts for path in part]
+    return summarize(problem, paths)
+
+
+def device_bytes_per_path(problem: CommonNoiseProblem, hjb_device: bool) -> float:
+    """GPU memory one path of a batch takes (the batch's peak is linear in its paths; see plugins.mfg.work)."""
+    from plugins.mfg import work
+
+    return work.fixed_point_memory(problem, "torch:hjb_device" if hjb_device else "torch:hjb_host")
+
+
+def solve_paths(part: tuple[CommonNoiseProblem, bool, range]) -> list[dict[str, np.ndarray]]:
+    """Paths ``part[2]`` of the problem on this process's GPU, in sub-batches that fit its free memory.
+
+    Runs in a GPU's own process too (a module-level function of one argument).
+    """
+    from core.backends import torch_devices, torch_gpu
+
+    problem, hjb_device, paths = part
+    free = torch_gpu.free_for_batches()
+    batches = torch_devices.sub_batches(paths, device_bytes_per_path(problem, hjb_device), free)
+    return [path for batch in batches for path in solve_batch(problem, hjb_device, batch)]
+
+
+def solve_batch(problem: CommonNoiseProblem, hjb_device: bool, paths: range) -> list[dict[str, np.ndarray]]:
+    """Paths ``paths`` (indices into the K) as one batch on this process's GPU."""
     import torch
 
     def hjb_batch(template: HJBProblem, v: np.ndarray, m: np.ndarray):
@@ -121,7 +166,8 @@ def solve_torch(problem: CommonNoiseProblem, *, hjb_device: bool) -> dict[str, n
         fields = template.model_fields()
         return torch.as_tensor(np.stack([hjb_numba(HJBProblem(**fields, M=mk, V_t=vk))["U"] for vk, mk in zip(v, m)]))
 
-    thetas = [ou_path(problem, seed) for seed in tasks.task_seeds(problem.seed, problem.K)]
+    seeds = tasks.task_seeds(problem.seed, problem.K)
+    thetas = [ou_path(problem, seeds[k]) for k in paths]
     V = np.stack([shifted_potential(problem, theta) for theta in thetas])
     conditional = conditional_problem(problem)
     hjb_template = HJBProblem(**conditional.model_fields())
@@ -129,6 +175,5 @@ def solve_torch(problem: CommonNoiseProblem, *, hjb_device: bool) -> dict[str, n
     fused = not fp_torch.fused_unsupported(fp_template)  # the all-steps kernel wherever the KDE allows it
     out = picard_batch(conditional, lambda v, m: hjb_batch(hjb_template, v, m).cpu().numpy(),
                        lambda u: fp_torch.solve_torch_batch(fp_template, u, fused=fused).cpu().numpy(), V)
-    paths = [{"U": out["U"][k], "M": out["M"][k], "converged": out["converged"][k],
-              "iterations": out["iterations"][k], "theta": thetas[k]} for k in range(problem.K)]
-    return summarize(problem, paths)
+    return [{"U": out["U"][i], "M": out["M"][i], "converged": out["converged"][i],
+             "iterations": out["iterations"][i], "theta": thetas[i]} for i in range(len(thetas))]

@@ -215,9 +215,14 @@ def fixed_point_memory(problem: MFGModel, implementation: str) -> float:
 
 
 def common_noise_memory(problem: CommonNoiseProblem, implementation: str) -> float:
-    """One path at a time on the CPU (a worker holds one path), all K at once on the GPU, plus the K results."""
+    """One path at a time on the CPU (a worker holds one path), plus the K results.
+
+    On the GPU the paths run as batches that fit each device's free memory
+    (``common_noise.solve_paths``), so what a device needs is room for one
+    path; the K results are kept on the host.
+    """
     results = 2 * problem.K * _grid_bytes(problem)
     if implementation.startswith("torch"):
-        return problem.K * fixed_point_memory(problem, implementation) + results
+        return fixed_point_memory(problem, implementation)
     serial = implementation if implementation in ("numpy", "numba") else "numba"  # parallel backends run numba
     return fixed_point_memory(problem, serial) + 4 * _grid_bytes(problem) + results
