@@ -190,12 +190,15 @@ class Checkpoint:
             while view:  # one write in practice; a short write (full disk) goes on where it stopped
                 view = view[os.write(self._descriptor, view):]
             os.fsync(self._descriptor)
-        except BaseException:
+        except BaseException as exc:
             # never leave half a line for the next append to glue onto
             try:
                 os.ftruncate(self._descriptor, size)
             except OSError:
                 pass
+            if isinstance(exc, OSError):
+                raise CheckpointError(f"checkpoint {self.path} cannot be appended to ({exc.strerror or exc}); the "
+                                      f"items written before are kept") from None
             raise
 
     def close(self) -> None:
@@ -224,15 +227,20 @@ def open_checkpoint(path: str | os.PathLike, run: Mapping[str, Any]) -> Checkpoi
     """
     path = Path(path)
     if path.is_dir():
-        raise CheckpointError(f"checkpoint {str(path)!r} is a directory: give the path of a file")
+        raise CheckpointError(f"checkpoint {path} is a directory: give the path of a file")
     run = dict(run)
-    if not path.exists() or path.stat().st_size == 0:  # an empty file holds nothing to lose
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _rewrite(path, _json_line({"format": FORMAT, "version": VERSION, "run": encode(run, "run")}))
-        records: list[Any] = []
-    else:
-        records = _load(path, run)
-    return Checkpoint(path, records, os.open(path, os.O_WRONLY | os.O_APPEND))
+    header = _json_line({"format": FORMAT, "version": VERSION, "run": encode(run, "run")})
+    try:
+        if not path.exists() or path.stat().st_size == 0:  # an empty file holds nothing to lose
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _rewrite(path, header)
+            records: list[Any] = []
+        else:
+            records = _load(path, run)
+        return Checkpoint(path, records, os.open(path, os.O_WRONLY | os.O_APPEND))
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint {path} cannot be written ({exc.strerror or exc}); give a checkpoint "
+                              f"path in a directory you can write") from None
 
 
 def _rewrite(path: Path, content: bytes) -> None:

@@ -148,6 +148,25 @@ def test_another_runs_file_is_refused_naming_what_differs(tmp_path):
         open_checkpoint(tmp_path, RUN)
 
 
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="needs a directory root could still write")
+def test_a_checkpoint_it_cannot_write_is_a_clear_error(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        with pytest.raises(CheckpointError, match=r"cannot be written \(Permission denied\); give a checkpoint path "
+                                                  r"in a directory you can write"):
+            open_checkpoint(locked / "c.jsonl", RUN)
+    finally:
+        locked.chmod(0o700)
+
+
+def test_a_file_in_place_of_its_directory_is_a_clear_error(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CheckpointError, match=r"c.jsonl cannot be written \(.*\); give a checkpoint path"):
+        open_checkpoint(tmp_path / "file" / "c.jsonl", RUN)
+
+
 # -- resumed sweeps ----------------------------------------------------------------------------------
 
 
