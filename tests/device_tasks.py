@@ -27,3 +27,23 @@ def gpu_seen(part: int) -> tuple[int, int, str]:
     import torch
 
     return torch.cuda.device_count(), part, str(torch.cuda.get_device_properties(0).uuid)
+
+
+def on_cpu_torch() -> None:
+    """Point the MFG torch kernels at CPU torch in this process (the tests' stand-in for a GPU)."""
+    import torch
+
+    from core.backends import torch_gpu
+    from plugins.mfg.fp import torch_kernel as fp_torch
+    from plugins.mfg.hjb import torch_kernel as hjb_torch
+
+    fp_torch.gpu_device = hjb_torch.gpu_device = lambda: torch.device("cpu")
+    torch_gpu.free_for_batches = lambda: None
+
+
+def solve_paths_on_cpu_torch(part: tuple) -> list:
+    """``common_noise.solve_paths`` in a device process, on CPU torch."""
+    from plugins.mfg.common_noise import solve_paths
+
+    on_cpu_torch()
+    return solve_paths(part)

@@ -159,6 +159,25 @@ def test_a_dead_device_process_is_a_clear_error_and_is_restarted():
     torch_devices.shutdown()
 
 
+def test_paths_split_across_two_device_processes_gather_in_order(monkeypatch):
+    """The whole multi-GPU path of solve_torch, with CPU torch standing in for each device."""
+    torch = pytest.importorskip("torch")
+    from plugins.mfg import common_noise
+    from plugins.mfg.fp import torch_kernel as fp_torch
+    from plugins.mfg.hjb import torch_kernel as hjb_torch
+
+    problem = _common_noise(K=5, N=2_000, Nx=31, Nt=10, max_iter=3)
+    for module in (fp_torch, hjb_torch):  # here as in device_tasks.on_cpu_torch, which the device processes run
+        monkeypatch.setattr(module, "gpu_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(torch_gpu, "free_for_batches", lambda: None)
+    here = common_noise.solve_torch(problem, hjb_device=True, devices=1)
+    monkeypatch.setattr(torch_gpu, "gpu_count", lambda devices=None: 2)
+    monkeypatch.setattr(common_noise, "solve_paths", device_tasks.solve_paths_on_cpu_torch)
+    split = common_noise.solve_torch(problem, hjb_device=True, devices=2)
+    for key in ("theta", "iterations", "U_mean", "M_mean", "U_quantiles", "M_quantiles"):
+        np.testing.assert_array_equal(split[key], here[key], err_msg=key)  # CPU torch has no atomics: exact
+
+
 # -- on the GPU ----------------------------------------------------------------------------
 
 
