@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from core.api import BackendStatus, availability, backends, solve, solvers
 from core.backend import Availability, Backend
+from core.checkpoint import CheckpointError, CheckpointWarning
 from core.costmodel.calibrate import calibrate
 from core.costmodel.evaluate import evaluate
 from core.costmodel.plan import plan
@@ -42,6 +43,6 @@ __all__ = [
     "UnknownSolverError", "WorkerCrashedError", "availability", "backends", "hookimpl",
     "make_problem", "register", "solve", "solvers", "unregister", "__version__",
     "calibrate", "evaluate", "plan", "sweep", "SweepPoint", "SizeSpace", "lazy", "NotEnoughMemoryError",
-    "TooLongError",
+    "TooLongError", "CheckpointError", "CheckpointWarning",
 ]
 
