@@ -17,6 +17,7 @@ The faults (a worker or the scheduler killed mid-sweep) are in
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
@@ -291,3 +292,36 @@ def test_the_cli_takes_a_scheduler_before_or_after_the_command():
     missing = subprocess.run([*run, *solve], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert missing.returncode == 2
     assert "backend 'dask' is unavailable here: no dask scheduler configured" in missing.stderr
+
+
+# -- security basics -------------------------------------------------------------------
+
+UNPICKLING_LOADERS = {("pickle", "load"), ("pickle", "Unpickler"), ("cloudpickle", "load"), ("dill", "load"),
+                      ("joblib", "load"), ("torch", "load"), ("shelve", "open"), ("pd", "read_pickle"),
+                      ("pandas", "read_pickle")}
+
+
+def unpickling_calls(source: str, where: str) -> list[str]:
+    """Calls in Python source that could unpickle a file: the loaders above, and np.load(allow_pickle=True)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)):
+            continue
+        owner, name = node.func.value.id, node.func.attr
+        allows = any(k.arg == "allow_pickle" and not (isinstance(k.value, ast.Constant) and k.value.value is False)
+                     for k in node.keywords)
+        if (owner, name) in UNPICKLING_LOADERS or (owner in ("np", "numpy") and name == "load" and allows):
+            found.append(f"{where}:{node.lineno}: {owner}.{name}")
+    return found
+
+
+def test_nothing_reads_a_pickle_from_disk():
+    sources = [p for folder in ("core", "plugins", "docs/scripts") for p in (ROOT / folder).rglob("*.py")]
+    assert len(sources) > 50
+    calls = [call for path in sources
+             for call in unpickling_calls(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))]
+    assert calls == []
+    # the scan finds what it looks for
+    planted = "import pickle\nwith open('f', 'rb') as f:\n    pickle.load(f)\nnp.load('a.npy', allow_pickle=True)\n"
+    assert sorted(unpickling_calls(planted, "planted.py")) == ["planted.py:3: pickle.load", "planted.py:4: np.load"]
