@@ -21,7 +21,9 @@ warmed up first, so that no worker loads its Numba kernels on the clock):
 - the all-core penalty ``P``: items 0..W-1 run at once, one per worker,
   their summed time over their summed time alone: what running every core
   costs a task, which no scheduling can win back;
-- the K-item wall time, ``--repeats`` times.
+- the K-item wall time, ``--repeats`` times, each repeat right after its
+  own penalty run (on a shared host the load drifts from minute to minute,
+  and a penalty from another minute would misattribute it).
 
 Then ``efficiency = K * mean(T1) / (W * wall)`` splits exactly as
 ``efficiency = (1 / P) * (1 - scheduling loss)``: the scheduling loss
@@ -133,8 +135,8 @@ def split(k_items: int, workers: int, t1_sum: float, penalty: float, wall: float
     """Efficiency and its two factors for one K-item run (see the module docstring)."""
     efficiency = t1_sum / (workers * wall)
     ideal = penalty * t1_sum / workers
-    return {"wall_s": wall, "ideal_s": ideal, "efficiency": efficiency, "scheduling_loss": 1 - ideal / wall,
-            "busy": busy_seconds / (workers * wall)}
+    return {"wall_s": wall, "penalty": penalty, "ideal_s": ideal, "efficiency": efficiency,
+            "scheduling_loss": 1 - ideal / wall, "busy": busy_seconds / (workers * wall)}
 
 
 def listed(rows: list[dict], key: str, form: str) -> str:
@@ -153,7 +155,6 @@ def main() -> None:
     parser.add_argument("--Nt", type=int, default=51)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3, help="K-item runs")
-    parser.add_argument("--penalty-repeats", type=int, default=2)
     parser.add_argument("--no-lend", action="store_true", help="K-item runs without lending idle cores")
     parser.add_argument("--compare-lending", action="store_true", help="also K-item runs without lending")
     parser.add_argument("--json", default=None, help="also write the summary to this file")
@@ -184,20 +185,20 @@ def main() -> None:
     reference = [result for _, result in alone]
 
     penalties, identical = [], True
-    for _ in range(args.penalty_repeats):
-        loaded = workload.run(range(workers), args.backend, options)
-        penalties.append(sum(s for s, _ in loaded) / t1[:workers].sum())
-        identical &= all(np.array_equal(r, reference[i]) for i, (_, r) in enumerate(loaded))
-    penalty = float(np.median(penalties))
-
     kinds = [not args.no_lend] + ([False] if args.compare_lending and not args.no_lend else [])
     runs: dict[bool, list[dict]] = {kind: [] for kind in kinds}
     for _ in range(args.repeats):
+        # the penalty next to the runs it splits: on a shared host the load drifts between minutes
+        lending(False)
+        loaded = workload.run(range(workers), args.backend, options)
+        penalties.append(sum(s for s, _ in loaded) / t1[:workers].sum())
+        identical &= all(np.array_equal(r, reference[i]) for i, (_, r) in enumerate(loaded))
         for lend in kinds:  # alternating, so that a drift of the host's load hits both kinds alike
             lending(lend)
             wall, out = timed_run(workload, range(k), args.backend, options)
             identical &= all(np.array_equal(r, reference[i]) for i, (_, r) in enumerate(out))
-            runs[lend].append(split(k, workers, float(t1.sum()), penalty, wall, sum(s for s, _ in out)))
+            runs[lend].append(split(k, workers, float(t1.sum()), penalties[-1], wall, sum(s for s, _ in out)))
+    penalty = float(np.median(penalties))
     lending(True)
 
     print(f"host: {cpu_model()}, {os.cpu_count()} cores; backend {args.backend} with {workers} workers; "
@@ -218,7 +219,7 @@ def main() -> None:
         print(f"K-item runs, {label}: wall {listed(rows, 'wall_s', '{:.2f}')} s (ideal at the loaded speed "
               f"{middle['ideal_s']:.2f} s); efficiency {listed(rows, 'efficiency', '{:.1%}')}; scheduling loss "
               f"{listed(rows, 'scheduling_loss', '{:.1%}')}; busy {listed(rows, 'busy', '{:.1%}')}")
-        print(f"  median run: efficiency {middle['efficiency']:.1%} = 1/{penalty:.3f} (all-core penalty) x "
+        print(f"  median run: efficiency {middle['efficiency']:.1%} = 1/{middle['penalty']:.3f} (all-core penalty) x "
               f"{1 - middle['scheduling_loss']:.1%} (1 - scheduling loss)")
         summary["lend" if lend else "no_lend"] = rows
     print(f"identical results in every run: {identical}")
