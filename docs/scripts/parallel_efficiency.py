@@ -2,7 +2,7 @@
 
     python docs/scripts/parallel_efficiency.py --workload common_noise --backend process --workers 16 --K 64
     python docs/scripts/parallel_efficiency.py --workload fixed_point_sweep --backend process --workers 16
-    python docs/scripts/parallel_efficiency.py --workload common_noise --backend dask   # workers: the cluster's
+    CROSSOVER_DASK_SCHEDULER=local python docs/scripts/parallel_efficiency.py --workload common_noise --backend dask
 
 Two workloads of K independent items:
 
@@ -34,7 +34,9 @@ per-task overhead (dispatch, pickling, results), idle workers. ``busy`` is
 the items' summed in-task seconds over ``W * wall`` (with lent cores an
 item runs on several, so busy then undercounts the cores in use).
 
-An empty map of K no-op tasks gives the per-task overhead on its own.
+On ``dask`` the worker count is the cluster's (a ``local`` scheduler starts
+a LocalCluster of one single-threaded worker per usable core). An empty map of K no-op tasks gives the
+per-task overhead on its own.
 Every run's results must be identical (the script checks it). Lending of
 idle workers' cores (process backend) is off for the T1 and penalty runs
 (one core per item by definition) and on for the K-item runs, unless
@@ -214,7 +216,8 @@ def main() -> None:
         "empty_map_s": empty, "t1_s": t1.tolist(), "penalties": penalties, "penalty": penalty,
         "identical": bool(identical)}
     for lend, rows in runs.items():
-        label = "lending idle cores" if lend else "one core per item"
+        label = "one core per item" if not lend else (
+            "lending idle cores" if args.backend == "process" else "as the backend schedules them")
         middle = sorted(rows, key=lambda r: r["wall_s"])[len(rows) // 2]
         print(f"K-item runs, {label}: wall {listed(rows, 'wall_s', '{:.2f}')} s (ideal at the loaded speed "
               f"{middle['ideal_s']:.2f} s); efficiency {listed(rows, 'efficiency', '{:.1%}')}; scheduling loss "
