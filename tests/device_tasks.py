@@ -22,11 +22,12 @@ def die_on_one(part: int) -> int:
     return part
 
 
-def gpu_seen(part: int) -> tuple[int, int, str]:
-    """How many CUDA devices this process sees, and the UUID of its device 0."""
+def gpu_seen(part: int) -> tuple[int, int, str | None]:
+    """How many CUDA devices this process sees, and the UUID of its device 0 (None where torch does not say)."""
     import torch
 
-    return torch.cuda.device_count(), part, str(torch.cuda.get_device_properties(0).uuid)
+    uuid = getattr(torch.cuda.get_device_properties(0), "uuid", None)
+    return torch.cuda.device_count(), part, None if uuid is None else str(uuid)
 
 
 def on_cpu_torch() -> None:
