@@ -55,6 +55,8 @@ def main() -> None:
     import torch
 
     visible = torch.cuda.device_count()
+    if visible == 0:
+        raise SystemExit("no CUDA GPU is visible here: run this on a GPU host")
     counts = args.gpus or [g for g in (1, 2, 4, 8) if g <= visible]
     fields = {"preset": args.preset, "K": args.K, "N": args.N, "Nx": args.Nx, "Nt": args.Nt,
               "max_iter": args.max_iter, "rtol": 0.0, "atol": 0.0, "seed": 0}
