@@ -181,7 +181,7 @@ def main() -> None:
 
     # warm every worker: many tiny items, so that each one (not only the first free) loads its kernels
     lending(False)
-    workload.run(range(4 * workers), args.backend, options, warm=True)
+    workload.run(range(8 * workers), args.backend, options, warm=True)
     empty_started = time.perf_counter()
     map_tasks(no_op, list(range(k)), backend=args.backend, **options)
     empty = time.perf_counter() - empty_started
