@@ -48,3 +48,13 @@ def solve_paths_on_cpu_torch(part: tuple) -> list:
 
     on_cpu_torch()
     return solve_paths(part)
+
+
+def interrupt_on_zero(part: int) -> int:
+    """Part 0 is interrupted at once; the others would run for a minute."""
+    import time
+
+    if part == 0:
+        raise KeyboardInterrupt
+    time.sleep(60)
+    return part

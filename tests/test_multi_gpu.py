@@ -22,6 +22,7 @@ catching a wrong path, a lost one or a shuffled order (those differ at 1e-2).
 from __future__ import annotations
 
 import os
+import time
 
 import device_tasks
 import numpy as np
@@ -157,6 +158,14 @@ def test_a_dead_device_process_is_a_clear_error_and_is_restarted():
         torch_devices.map_devices(device_tasks.die_on_one, [0, 1], ["x", "y"])
     assert torch_devices.map_devices(device_tasks.die_on_one, [0, 2], ["x", "y"]) == [0, 2]
     torch_devices.shutdown()
+
+
+def test_an_interrupted_map_kills_the_device_processes_at_once():
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        torch_devices.map_devices(device_tasks.interrupt_on_zero, [0, 1], ["p", "q"])
+    assert time.monotonic() - started < 30  # not the minute part 1 would have run
+    assert torch_devices.map_devices(device_tasks.who_am_i, [5], ["q"])[0][:2] == (5, "q")  # started afresh
 
 
 def test_paths_split_across_two_device_processes_gather_in_order(monkeypatch):

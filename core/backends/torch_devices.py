@@ -141,12 +141,35 @@ def map_devices(fn: Callable[[Any], Any], parts: Sequence[Any], devices: Sequenc
     ``fn`` must be importable by name (a module-level function). A part that
     raises gives :class:`~core.errors.TaskFailedError`, a device process
     that dies :class:`~core.errors.WorkerCrashedError`; both name the GPU,
-    and the process is started again at the next map.
+    and the process is started again at the next map. Interrupted (Ctrl-C),
+    it kills the device processes at once rather than wait for their parts.
     """
     if len(parts) != len(devices):
         raise ValueError(f"map_devices needs one device per part, got {len(parts)} parts and {len(devices)} devices")
     futures = [_executor(device).submit(fn, part) for device, part in zip(devices, parts)]
-    results: list[Any] = [None] * len(parts)
+    try:
+        return _gather(futures, devices)
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # Ctrl-C: a GPU's part may run for minutes, and the exit would wait
+            for device in devices:
+                _kill(device)
+        raise
+
+
+def _kill(device_id: str) -> None:
+    """Stop a device's process now, whatever it runs; the next map starts it again."""
+    executor = _executors.pop(device_id, None)
+    if executor is None:
+        return
+    for process in list((getattr(executor, "_processes", None) or {}).values()):  # the executor's own table
+        process.kill()
+    executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _gather(futures: list, devices: Sequence[str]) -> list[Any]:
+    """Every part's result in order; the first failure, naming its GPU, once all parts are done."""
+    n = len(futures)
+    results: list[Any] = [None] * n
     failure: BaseException | None = None
     for i, (device, future) in enumerate(zip(devices, futures)):
         try:
@@ -154,12 +177,12 @@ def map_devices(fn: Callable[[Any], Any], parts: Sequence[Any], devices: Sequenc
         except BrokenProcessPool as exc:
             shutdown(device)
             if failure is None:
-                failure = WorkerCrashedError(f"the process of GPU {device} (part {i} of {len(parts)}) died while "
+                failure = WorkerCrashedError(f"the process of GPU {device} (part {i} of {n}) died while "
                                              f"running its part", i, results)
                 failure.__cause__ = exc
         except Exception as exc:
             if failure is None:
-                failure = TaskFailedError(f"part {i} of {len(parts)} on GPU {device} failed: "
+                failure = TaskFailedError(f"part {i} of {n} on GPU {device} failed: "
                                           f"{type(exc).__name__}: {exc}", i, results)
                 failure.__cause__ = exc
     if failure is not None:
