@@ -148,6 +148,14 @@ def test_a_scheduler_that_does_not_answer_is_one_clear_error_within_the_timeout(
     assert isinstance(caught.value, core.CrossoverError) and caught.value.scheduler == address
 
 
+def test_planning_waits_for_a_dead_scheduler_once_and_never_fails_on_it(no_scheduler):
+    dask_cluster.use_scheduler(f"tcp://127.0.0.1:{free_port()}", timeout=0.5)
+    assert dask_cluster.worker_slots() == 1
+    began = time.monotonic()
+    assert dask_cluster.worker_slots() == 1
+    assert time.monotonic() - began < 0.1
+
+
 @pytest.mark.parametrize(("seconds", "remaining", "slots", "size"), [
     (0.001, 1000, 2, 100),  # by time: 100 tasks of 1 ms make a 100 ms batch
     (0.001, 62, 2, 8),  # by share: each of 2 slots still gets 4 batches

@@ -172,6 +172,7 @@ _client: Any = None  # distributed.Client, once connected
 _cluster: Any = None  # the LocalCluster this process started, if any
 _connected_to: str | None = None  # the configured address it answers to (``local`` included)
 _shown = "?"  # how errors name it: the address, or the local cluster's
+_unreachable: str | None = None  # the scheduler this process last failed to reach
 
 
 def _distributed():
@@ -186,7 +187,7 @@ def _distributed():
 
 def get_client() -> Any:
     """The connected client, connecting (or starting the local cluster) on first use."""
-    global _client, _cluster, _connected_to, _shown
+    global _client, _cluster, _connected_to, _shown, _unreachable
     address = scheduler_address()
     if address is None:
         raise BackendUnavailableError(f"backend 'dask' has no scheduler: pass --scheduler ADDRESS (or 'local'), "
@@ -219,6 +220,7 @@ def get_client() -> Any:
         raise SchedulerUnreachableError(f"dask scheduler {address} answered but has no worker after {timeout:g} s "
                                         f"({TIMEOUT_VARIABLE} sets the wait)", address) from None
     _client, _cluster, _connected_to = client, cluster, address
+    _unreachable = None
     _shown = address if cluster is None else f"{cluster.scheduler_address} (local cluster)"
     return client
 
@@ -259,13 +261,26 @@ def worker_slots() -> int:
 
     Without a scheduler, 1 (nothing runs here anyway, and planning asks for
     every backend). A ``local`` cluster not started yet answers its planned
-    size without starting it; a remote scheduler is connected to.
+    size without starting it; a remote scheduler is connected to, and one
+    that does not answer counts as 1 slot (asked once per process: a map
+    tries again, and raises the error).
     """
-    if scheduler_address() is None or not installed():
+    global _unreachable
+    try:
+        address = scheduler_address()
+    except ValueError:  # malformed: the probe says so, and planning must not fail here
         return 1
-    if _client is None and scheduler_address() == LOCAL:
+    if address is None or not installed():
+        return 1
+    if _client is None and address == LOCAL:
         return local_workers()
-    return max(1, sum(get_client().nthreads().values()))
+    if _client is None and address == _unreachable:
+        return 1  # planning asks often: wait for a dead scheduler once; a map tries it again, and says so
+    try:
+        return max(1, sum(get_client().nthreads().values()))
+    except SchedulerUnreachableError:
+        _unreachable = address
+        return 1
 
 
 # -- the map -------------------------------------------------------------------------
