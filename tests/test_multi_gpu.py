@@ -217,6 +217,25 @@ def test_sub_batches_give_the_one_batch_answer(monkeypatch, hjb_device):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fields", [{"N": 200_000, "Nx": 101, "Nt": 50}, {"N": 2_000, "Nx": 401, "Nt": 200}])
+def test_the_per_path_memory_estimate_covers_a_batch_peak(fields):
+    """The sub-batches are sized by it: a batch of 6 paths must peak below 6 times one path's estimate."""
+    import torch
+
+    from plugins.mfg import common_noise
+
+    problem = _common_noise(K=6, max_iter=2, **fields)
+    common_noise.solve_batch(problem, False, range(2))  # compiles and caches outside the measured run
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    common_noise.solve_batch(problem, False, range(6))
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    assert peak <= 6 * common_noise.device_bytes_per_path(problem, False), (peak, fields)
+
+
+@pytest.mark.gpu
 def test_a_batch_too_large_for_one_gpu_is_split_and_completed():
     """Issue 12's third fault: K paths whose one batch would need 1.25x the card's whole memory."""
     import torch
