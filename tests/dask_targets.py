@@ -32,3 +32,11 @@ def raise_unpicklable(task: int, shared, seed) -> int:
 
         raise Unpicklable(task, threading.Lock())
     return task
+
+
+def thread_settings(task: int, shared, seed) -> dict:
+    """The thread variables a worker runs with."""
+    import os
+
+    return {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS",
+                                                    "CROSSOVER_POOL_WORKER")}

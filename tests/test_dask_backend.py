@@ -30,6 +30,7 @@ from pathlib import Path
 import dask_targets
 import numpy as np
 import process_tasks as pt
+import psutil  # a dependency of distributed
 import pytest
 import sweep_targets
 
@@ -64,7 +65,10 @@ def local_cluster():
     """One two-worker LocalCluster for this module's maps (starting one costs a few seconds)."""
     dask_cluster.use_scheduler("local", workers=2)
     forget_probes()
+    before = dict(os.environ)
     dask_cluster.start()
+    # the nannies set thread variables here before spawning; the backend puts this process's back
+    assert dict(os.environ) == before
     yield dask_cluster.get_client()
     dask_cluster.use_scheduler(None)
     forget_probes()
@@ -184,6 +188,19 @@ def test_the_local_cluster_listens_on_loopback_only(local_cluster):
     assert all(address.startswith("tcp://127.0.0.1:") for address in info["workers"])
     assert all(worker["nthreads"] == 1 for worker in info["workers"].values())
     assert core.backends()["dask"].available and tasks.parallelism("dask") == 2
+    # every socket the cluster listens on (scheduler, its HTTP server, nannies, workers) is on loopback
+    me = psutil.Process()
+    listening = [c.laddr for p in [me, *me.children(recursive=True)]
+                 for c in (p.net_connections if hasattr(p, "net_connections") else p.connections)(kind="inet")
+                 if c.status == psutil.CONN_LISTEN]
+    assert len(listening) >= 5
+    assert {address.ip for address in listening} == {"127.0.0.1"}
+
+
+def test_local_workers_run_one_blas_and_one_numba_thread_and_keep_no_history(local_cluster):
+    settings = tasks.map_tasks(dask_targets.thread_settings, [0, 1], backend="dask")
+    assert settings == [{"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1",
+                         "CROSSOVER_POOL_WORKER": "1"}] * 2
 
 
 def test_seeded_results_equal_the_serial_reference_and_stream_once(local_cluster):

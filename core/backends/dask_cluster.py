@@ -227,11 +227,24 @@ def get_client() -> Any:
 
 def _start_local_cluster(distributed) -> Any:
     """A LocalCluster on loopback: worker processes of one thread each, no dashboard (nothing listens outside)."""
-    return distributed.LocalCluster(
-        n_workers=local_workers(), threads_per_worker=1, processes=True, host="127.0.0.1",
-        dashboard_address=None, silence_logs=logging.ERROR,
-        # one Numba thread per worker, as in the process pool; dask's nanny already pins the BLAS threads
-        env={"NUMBA_NUM_THREADS": "1", "CROSSOVER_POOL_WORKER": "1"})
+    # its scheduler and nannies run in this process and log every worker's start and stop at INFO, which
+    # reaches any handler of the root logger (the CLI's): the cluster is an implementation detail here
+    chatty = logging.getLogger("distributed")
+    chatty.setLevel(max(chatty.getEffectiveLevel(), logging.ERROR))
+    # the nannies pin their workers' BLAS threads by setting OMP_NUM_THREADS and the like in *this*
+    # process's environment before they spawn; left there, they would change this process's own
+    # configuration (and the wisdom fingerprint of the numpy backend), so they are put back
+    before = dict(os.environ)
+    try:
+        return distributed.LocalCluster(
+            n_workers=local_workers(), threads_per_worker=1, processes=True, host="127.0.0.1",
+            dashboard_address=None, silence_logs=logging.ERROR,
+            # one Numba thread per worker, as in the process pool
+            env={"NUMBA_NUM_THREADS": "1", "CROSSOVER_POOL_WORKER": "1"})
+    finally:
+        for name in set(os.environ) - set(before):
+            del os.environ[name]
+        os.environ.update(before)
 
 
 def start() -> None:
