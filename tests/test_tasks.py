@@ -71,7 +71,7 @@ def test_names_that_cannot_map_are_clear_errors(fake):
         tasks.map_tasks(pt.random_draws, [1], backend="nope")
     assert str(caught.value) == f"unknown backend 'nope'; registered backends: {', '.join(registered)}"
     with pytest.raises(core.UnknownBackendError,
-                       match=r"^backend 'numpy' cannot map tasks; backends that can: process, fake$"):
+                       match=r"^backend 'numpy' cannot map tasks; backends that can: process, dask, fake$"):
         tasks.map_tasks(pt.random_draws, [1], backend="numpy")
     with pytest.raises(core.UnknownBackendError, match=r"backend 'numba' does not run tasks in parallel"):
         tasks.parallelism("numba")
