@@ -255,6 +255,18 @@ def test_an_exception_that_cannot_be_pickled_comes_back_as_text(local_cluster):
     assert caught.value.partial_results == [0, None, 2]
 
 
+def test_a_failing_result_callback_cancels_the_rest_and_the_next_map_runs(local_cluster):
+    def stop(index, result) -> None:
+        raise KeyboardInterrupt  # as Ctrl-C would, inside the loop that takes results
+
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        tasks.map_tasks(pt.square_after_sleep, [(i, 0.2) for i in range(20)], backend="dask", on_result=stop)
+    assert time.monotonic() - began < 2  # the other 19 tasks (2 s of work on 2 workers) were not waited for
+    assert not [key for key, state in local_cluster.processing().items() if state]  # nothing left running
+    assert tasks.map_tasks(pt.square_after_sleep, [(3, 0.0)], backend="dask") == [9]
+
+
 def test_a_sweep_on_dask_equals_one_run_here(local_cluster):
     grid = {"seed": [1, 2, 3], "count": [4, 5]}
     here = sweep(sweep_targets.seeded_draws, grid, backend="numpy")
