@@ -3,6 +3,9 @@
 - A worker killed (SIGKILL) in the middle of a sweep: Dask reruns its tasks
   on the other worker, and every point equals a run in this process at the
   same seeds; a seeded map equals :func:`core.tasks.run_serially`.
+- A task that kills every worker it runs on: once Dask stops retrying it
+  (``distributed.scheduler.allowed-failures``, 0 here to keep the test
+  short), one ``WorkerCrashedError`` naming it, with the finished results.
 - The scheduler killed in the middle of a sweep with a checkpoint: one
   clear error naming the scheduler, within the connection timeout; the
   points finished so far are in the checkpoint, and a rerun resumes from
@@ -22,12 +25,15 @@ import sys
 import time
 from pathlib import Path
 
+import dask
 import dask_targets
 import numpy as np
+import process_tasks as pt
 import pytest
 
 from core import tasks
 from core.backends import dask_cluster
+from core.errors import WorkerCrashedError
 from core.running import forget_probes
 from core.sweep import sweep
 
@@ -146,3 +152,23 @@ def test_the_scheduler_killed_mid_sweep_is_a_clear_error_and_the_checkpoint_resu
     assert sum(p.resumed for p in resumed) >= len(seen) >= 2
     assert {i for i, p in enumerate(resumed) if p.resumed} >= set(seen)
     assert same_draws(resumed, local_sweep())
+
+
+def test_a_task_that_kills_its_workers_is_named_once_dask_stops_retrying():
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):  # read as the local scheduler starts
+        dask_cluster.use_scheduler("local", workers=2)
+        forget_probes()
+        try:
+            began = time.monotonic()
+            with pytest.raises(WorkerCrashedError) as caught:
+                tasks.map_tasks(pt.die_on, [(i, 3) for i in range(6)], backend="dask",
+                                labels=[f"t{i}" for i in range(6)])
+            assert time.monotonic() - began < 60
+        finally:
+            dask_cluster.use_scheduler(None)
+            forget_probes()
+    message = str(caught.value)
+    assert message.startswith("dask workers at tcp://127.0.0.1:")
+    assert "(local cluster) kept dying while running task 3 (t3); Dask stopped retrying it" in message
+    assert caught.value.task_index == 3 and caught.value.partial_results[3] is None
+    assert all(r in (None, i) for i, r in enumerate(caught.value.partial_results))
