@@ -276,7 +276,7 @@ def test_a_sweep_on_dask_equals_one_run_here(local_cluster):
         assert mine.ok and np.array_equal(mine.outputs["draws"], theirs.outputs["draws"])
 
 
-def test_solvers_run_on_dask_unchanged_and_agree_with_the_process_pool(local_cluster):
+def test_solvers_run_on_dask_unchanged_and_agree_with_the_process_pool(local_cluster, empty_cache):
     walk = problem_from_params(core.solvers()["example.random_walk"],
                                {"n_walkers": 20_000, "n_steps": 20, "chunk": 4_000, "seed": 3})
     on_dask, on_pool = core.solve(walk, backend="dask"), core.solve(walk, backend="process")
@@ -311,8 +311,8 @@ def test_with_a_scheduler_dask_joins_auto_selection_and_its_connection_is_a_one_
     assert history.model(spec, "dask") is not None and ROUNDS in history.model(spec, "dask").feature_names
 
 
-def test_the_cli_takes_a_scheduler_before_or_after_the_command():
-    env = {**os.environ}
+def test_the_cli_takes_a_scheduler_before_or_after_the_command(tmp_path):
+    env = {**os.environ, "CROSSOVER_CACHE_DIR": str(tmp_path)}  # its timings must not reach other tests' store
     env.pop(dask_cluster.SCHEDULER_VARIABLE, None)
     run = [sys.executable, "-m", "core.cli"]
     solve = ["run", "example.random_walk", "--backend", "dask", "--param", "n_walkers=5000", "--param",

@@ -155,7 +155,9 @@ def test_the_scheduler_killed_mid_sweep_is_a_clear_error_and_the_checkpoint_resu
 
 
 def test_a_task_that_kills_its_workers_is_named_once_dask_stops_retrying():
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):  # read as the local scheduler starts
+    # read as the local scheduler starts: no retry, and each worker holds only the task it runs (a worker that
+    # dies makes every task it holds suspect, queued ones too)
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0, "distributed.scheduler.worker-saturation": 1.0}):
         dask_cluster.use_scheduler("local", workers=2)
         forget_probes()
         try:
