@@ -38,5 +38,8 @@ def thread_settings(task: int, shared, seed) -> dict:
     """The thread variables a worker runs with."""
     import os
 
-    return {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS",
-                                                    "CROSSOVER_POOL_WORKER")}
+    from threadpoolctl import threadpool_info
+
+    found = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS",
+                                                     "CROSSOVER_POOL_WORKER")}
+    return {**found, "blas_threads": sorted({pool["num_threads"] for pool in threadpool_info()})}

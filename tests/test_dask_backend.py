@@ -200,7 +200,7 @@ def test_the_local_cluster_listens_on_loopback_only(local_cluster):
 def test_local_workers_run_one_blas_and_one_numba_thread_and_keep_no_history(local_cluster):
     settings = tasks.map_tasks(dask_targets.thread_settings, [0, 1], backend="dask")
     assert settings == [{"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1",
-                         "CROSSOVER_POOL_WORKER": "1"}] * 2
+                         "CROSSOVER_POOL_WORKER": "1", "blas_threads": [1]}] * 2
 
 
 def test_seeded_results_equal_the_serial_reference_and_stream_once(local_cluster):

@@ -115,6 +115,10 @@ def test_a_worker_killed_mid_sweep_is_replaced_by_dask_retries(cluster):
     jobs = [(4, 0.05)] * 8
     assert tasks.map_tasks(dask_targets.seeded_after_sleep, jobs, seed=5, backend="dask") == \
         tasks.run_serially(dask_targets.seeded_after_sleep, jobs, seed=5)
+    # a worker started by hand, without a nanny to set its thread variables, runs tasks on one thread too
+    [settings] = tasks.map_tasks(dask_targets.thread_settings, [0], backend="dask")
+    assert settings["NUMBA_NUM_THREADS"] == "1" and settings["CROSSOVER_POOL_WORKER"] == "1"
+    assert settings["blas_threads"] == [1]
 
 
 def test_a_seeded_map_survives_a_worker_killed_mid_map(cluster):

@@ -50,6 +50,7 @@ from importlib import metadata
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from core.backend import Availability, Backend, usable_cores
 from core.errors import BackendUnavailableError, TaskFailedError, UnpicklableTaskError, WorkerCrashedError
@@ -315,11 +316,31 @@ def tasks_per_batch(task_seconds: float, remaining: int, slots: int) -> int:
 Row = tuple[int, bool, Any, float]  # task index, succeeded, result or exception, seconds on the worker
 
 
-def _run_batch(fn: TaskFn, batch: list[tuple[int, Any, Any]], shared: Mapping[str, np.ndarray] | None) -> list[Row]:
-    """Worker side: run each task of a batch, returning its result, or its exception as a value."""
+_pinned = False  # in a worker: whether its threads have been set up for crossover's tasks
+
+
+def _pin_worker_threads() -> None:
+    """One BLAS and one Numba thread per task, as in the process pool, on any worker (once per process).
+
+    A worker runs as many tasks at once as it has threads, and each task
+    is a single-threaded kernel: more threads per task would oversubscribe
+    the cores. A LocalCluster's workers start this way; a worker started by
+    hand (``dask worker``) may not, so the first batch it runs sees to it.
+    """
+    global _pinned
     # a worker's solves are parts of the caller's: the timing history must not store them as whole solves
     os.environ["CROSSOVER_POOL_WORKER"] = "1"
-    if "numba" in sys.modules:  # threads of one worker share its cores: one Numba thread each (thread-local)
+    if "numba" not in sys.modules:
+        os.environ["NUMBA_NUM_THREADS"] = "1"  # Numba sizes its pool once, when it loads
+    if not _pinned:
+        threadpool_limits(1)
+        _pinned = True
+
+
+def _run_batch(fn: TaskFn, batch: list[tuple[int, Any, Any]], shared: Mapping[str, np.ndarray] | None) -> list[Row]:
+    """Worker side: run each task of a batch, returning its result, or its exception as a value."""
+    _pin_worker_threads()
+    if "numba" in sys.modules:  # loaded before this worker ran crossover's tasks: one thread (thread-local)
         sys.modules["numba"].set_num_threads(1)
     views = readonly_views(shared)
     rows: list[Row] = []
