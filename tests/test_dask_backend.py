@@ -305,6 +305,9 @@ def test_with_a_scheduler_dask_joins_auto_selection_and_its_connection_is_a_one_
     report = calibrate.calibrate_solver(spec, quick=True, budget=6, backends=["dask", "numpy"])
     dask_row = next(row for row in report.backends if row.backend == "dask")
     assert dask_row.samples >= 2, dask_row
+    # the connection is timed as the backend's start (here almost free: the fixture had connected)
+    assert dask_row.start_seconds is not None
+    assert history.stored()["backends"]["dask"]["start_observations"] == [dask_row.start_seconds]
     problem = problem_from_params(spec, {"n_walkers": 50_000, "n_steps": 20})
     decision = core.plan(problem)
     assert "dask" in decision.predictions and "dask" not in decision.excluded
