@@ -111,6 +111,18 @@ def test_without_dask_installed_the_probe_and_the_connection_say_so(no_scheduler
         dask_cluster.get_client()
 
 
+def test_a_local_cluster_that_cannot_start_is_one_clear_error(no_scheduler, monkeypatch):
+    def refuse(distributed):
+        raise RuntimeError("Worker failed to start")
+
+    monkeypatch.setattr(dask_cluster, "_start_local_cluster", refuse)
+    dask_cluster.use_scheduler("local", workers=3)
+    with pytest.raises(BackendUnavailableError) as caught:
+        dask_cluster.get_client()
+    assert str(caught.value) == ("backend 'dask' could not start a local cluster of 3 workers: "
+                                 "RuntimeError: Worker failed to start")
+
+
 @pytest.mark.parametrize(("given", "address"), [
     ("local", "local"), (" LOCAL ", "local"), ("10.0.0.5:8786", "tcp://10.0.0.5:8786"),
     ("tcp://head-node:8786", "tcp://head-node:8786"), ("tls://[::1]:8786", "tls://[::1]:8786")])

@@ -202,7 +202,11 @@ def get_client() -> Any:
     cluster = None
     try:
         if address == LOCAL:
-            cluster = _start_local_cluster(distributed)
+            try:
+                cluster = _start_local_cluster(distributed)
+            except Exception as exc:  # a worker that cannot start, no free port: nothing to wait for
+                raise BackendUnavailableError(f"backend 'dask' could not start a local cluster of "
+                                              f"{local_workers()} workers: {_one_line(exc)}") from None
             client = distributed.Client(cluster, timeout=timeout, set_as_default=False)
         else:
             client = distributed.Client(address, timeout=timeout, set_as_default=False)
