@@ -250,19 +250,19 @@ def test_build_names_the_implementations():
 @pytest.mark.gpu
 def test_equivalence_on_the_gpu_at_the_published_shape():
     """fp32 with TF32 off: cuBLAS and the fused attention kernels sum in other orders than the CPU's."""
-    from plugins.ml.dotgat.train import set_precision
+    from plugins.ml.dotgat.train import precision_scope
 
-    set_precision("fp32")
-    assert_equivalent(DotGATConfig(), 8, "cuda")
+    with precision_scope("fp32"):
+        assert_equivalent(DotGATConfig(), 8, "cuda")
 
 
 @pytest.mark.gpu
 def test_equivalence_on_the_gpu_with_saturated_attention_judged_by_float64():
     """On an H200 in fp32 (TF32 off), saturating parameters: W_embed's gradients differed by 1.7e-5."""
-    from plugins.ml.dotgat.train import set_precision
+    from plugins.ml.dotgat.train import precision_scope
 
-    set_precision("fp32")
-    assert_equivalent_judged_by_float64(DotGATConfig(message_steps=2), 4, "cuda")
+    with precision_scope("fp32"):
+        assert_equivalent_judged_by_float64(DotGATConfig(message_steps=2), 4, "cuda")
 
 
 @pytest.mark.gpu
@@ -279,3 +279,27 @@ def test_gpu_training_in_bf16_lowers_the_validation_loss():
     out = core.solve(DotGATProblem(n_steps=100, precision="bf16"), backend="torch:optimized",
                      solver="ml.dotgat").outputs
     assert float(out["val_loss_ratio"]) >= 5.0
+
+
+def test_a_tf32_training_step_leaves_the_process_float32_as_it_found_it():
+    """TF32 is a process-wide flag: a tf32 trainer must not leave later float32 products (another solver's)
+    on a 10-bit mantissa."""
+    import torch
+
+    from plugins.ml.dotgat.train import training_step
+
+    config = DotGATConfig(**SMALL)
+    X, y = make_split(SyntheticTask(T=config.T, M=config.M, A=config.A), 4, 0)
+    trainer = training_step(OptimizedDotGAT(config), total_steps=2, precision="tf32")
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    seen = []
+    original = trainer.forward
+
+    def forward(x):
+        seen.append(torch.backends.cuda.matmul.allow_tf32)
+        return original(x)
+
+    trainer.forward = forward
+    trainer.step(torch.as_tensor(X), torch.as_tensor(y))
+    assert seen == [True]  # on inside the step
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before

@@ -82,6 +82,28 @@ def threads_at_most(work_items: int) -> Iterator[int]:
         numba.set_num_threads(before)
 
 
+_BLAS: Any = None  # a threadpoolctl controller, made once: listing the loaded libraries costs milliseconds
+
+
+@contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """Run the block's BLAS calls (a NumPy matrix product) on one thread, beside Numba's kernels.
+
+    OpenBLAS's threads spin for a while after every call, waiting for the
+    next: on the 16-core host, a 16-thread product before an 8-thread Numba
+    kernel left that kernel sharing its cores with 15 spinning threads, and
+    a fit of 8 spectra took 80 ms instead of 17. A Numba path keeps its
+    parallelism in Numba, where the thread count is set on purpose.
+    """
+    global _BLAS
+    if _BLAS is None:
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS = ThreadpoolController()
+    with _BLAS.limit(limits=1, user_api="blas"):
+        yield
+
+
 def start() -> None:
     """The backend's one-off in a process: import Numba and start its thread pool.
 

@@ -170,8 +170,8 @@ def ccf_start(prep: Prepared, flux: Any, weight: Any, design: CCFDesign | None =
     flat = xp.where(ok, ops.clip(flux / safe - 1, -1.0, 1.0), ops.asarray(0.0))
     f32 = ops.torch.float32 if ops.name == "torch" else np.float32
     n_nodes, width = len(design.nodes), len(design.lags)
-    cc = (ops.asarray(flat, dtype=f32) @ design.shifted).reshape(flux.shape[0], n_nodes, width)
-    norms = xp.sqrt(ops.maximum(ops.asarray(use, dtype=f32) @ design.squared, 1e-30))  # (B, K)
+    cc = ops.matmul(ops.asarray(flat, dtype=f32), design.shifted).reshape(flux.shape[0], n_nodes, width)
+    norms = xp.sqrt(ops.maximum(ops.matmul(ops.asarray(use, dtype=f32), design.squared), 1e-30))  # (B, K)
     s = ops.to_numpy(cc / norms[:, :, None]).astype(np.float64).reshape(flux.shape[0], -1)
     best = np.argmax(s, axis=1)
     k_best, lag_best = best // width, best % width

@@ -14,7 +14,7 @@ import types
 import numpy as np
 from numba import prange
 
-from core.backends.numba_threads import jit
+from core.backends.numba_threads import jit, one_blas_thread
 from plugins.spectra.ops import NumpyOps
 
 # spectra: smaller batches run the serial kernels when nobody chose (a process worker's chunk). Each
@@ -205,6 +205,11 @@ class NumbaOps(NumpyOps):
     def _kernel(self, name: str, batch: int):
         parallel = batch >= PARALLEL_FROM if self.parallel is None else self.parallel
         return (_PARALLEL if parallel else _SERIAL)[name]
+
+    def matmul(self, a, b):
+        """``a @ b`` by BLAS on one thread: the threads belong to Numba's kernels (see ``one_blas_thread``)."""
+        with one_blas_thread():
+            return a @ b
 
     def interpolate_exp(self, table, idx, w, dw):
         derivatives = dw is not None

@@ -66,6 +66,9 @@ class NumpyOps:
     def eye(self, n: int) -> np.ndarray:
         return np.eye(n)
 
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return a @ b
+
     def argmax(self, x: np.ndarray, axis: int) -> np.ndarray:
         return np.argmax(x, axis=axis)
 

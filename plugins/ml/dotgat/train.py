@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -32,11 +32,14 @@ class Trainer:
     precision: str
     clip: float
 
-    def autocast(self):
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        """The trainer's numerics for the block: TF32 matmuls for ``tf32``, bf16 autocast for ``bf16``."""
         device = next(self.model.parameters()).device
-        if self.precision == "bf16":
-            return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        cast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if self.precision == "bf16"
+                else contextlib.nullcontext())
+        with precision_scope(self.precision), cast:
+            yield
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with self.autocast():
@@ -80,12 +83,23 @@ def cosine_with_warmup(total_steps: int, warmup: int) -> Callable[[int], float]:
     return factor
 
 
-def set_precision(precision: str) -> None:
-    """TF32 matmuls on for ``tf32`` only (``fp32`` means true float32; bf16 uses autocast)."""
+@contextlib.contextmanager
+def precision_scope(precision: str) -> Iterator[None]:
+    """TF32 matmuls on inside the block for ``tf32`` only (``fp32`` means true float32; bf16 uses autocast).
+
+    The flags are the process's: set for good, a tf32 training left every
+    later float32 product in the process (another solver's, the spectra
+    fit's) on TF32's 10-bit mantissa. The caller's settings come back after.
+    """
     check_choice("precision", precision, PRECISIONS)
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     allow = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = allow
     torch.backends.cudnn.allow_tf32 = allow
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 def training_step(model: torch.nn.Module, *, total_steps: int, lr: float = 3e-3, weight_decay: float = 0.01,
@@ -95,7 +109,7 @@ def training_step(model: torch.nn.Module, *, total_steps: int, lr: float = 3e-3,
 
     ``fused``: the fused AdamW kernel (one launch for every parameter), else PyTorch's default AdamW.
     """
-    set_precision(precision)
+    check_choice("precision", precision, PRECISIONS)
     options = {"fused": True} if fused else {}
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, **options)
     warmup = max(1, total_steps // 20)
