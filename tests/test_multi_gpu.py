@@ -72,10 +72,19 @@ def test_sub_batches_fit_cover_in_order_and_are_as_few_as_possible(n_items, item
     parts = torch_devices.sub_batches(items, item_bytes, free_bytes)
     assert [i for part in parts for i in part] == list(items)
     fit = int(torch_devices.USABLE_FRACTION * free_bytes // item_bytes)
+    fit = max(1, min(fit, int(torch_devices.INDEX_LIMIT_BYTES // item_bytes)))  # 32-bit offsets' reach
     assert all(len(part) * item_bytes <= torch_devices.USABLE_FRACTION * free_bytes for part in parts)
+    assert all(len(part) == 1 or len(part) * item_bytes <= torch_devices.INDEX_LIMIT_BYTES for part in parts)
     assert len(parts) == -(-n_items // fit)  # one part fewer would not fit
     sizes = [len(part) for part in parts]
     assert max(sizes) - min(sizes) <= 1
+
+
+def test_no_part_outgrows_32_bit_offsets_however_much_memory_is_free():
+    """On the H200 a part sized by its 139 GB alone overflowed a Triton kernel's int32 offsets."""
+    parts = torch_devices.sub_batches(range(1000), 1e8, 139e9)
+    assert max(len(part) for part in parts) * 1e8 <= 2**31
+    assert [i for part in parts for i in part] == list(range(1000))
 
 
 def test_a_slice_of_ten_that_fits_four_at_a_time_runs_as_four_three_three():

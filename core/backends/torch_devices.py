@@ -42,6 +42,10 @@ from core.errors import NotEnoughMemoryError, TaskFailedError, WorkerCrashedErro
 # The share of a device's free memory a sub-batch plans to fill. The estimates are peaks measured on one
 # card and rounded up, but the caching allocator fragments, and a solve holds a few buffers they leave out.
 USABLE_FRACTION = 0.75
+# a part's peak memory bounds every tensor in it, so a part under 2**31 bytes keeps every tensor under
+# 2**31 elements: the reach of the 32-bit offsets that Triton kernels (the fused FP step's) compute with.
+# On the H200 a part sized by memory alone (~100 GB) overflowed them: an illegal memory access.
+INDEX_LIMIT_BYTES = 2**31
 
 
 def split_batch(n_items: int, n_devices: int) -> list[range]:
@@ -71,7 +75,8 @@ def _gib(nbytes: float) -> str:
 
 def sub_batches(items: range, item_bytes: float, free_bytes: float | None,
                 usable: float = USABLE_FRACTION) -> list[range]:
-    """``items`` in as few consecutive parts as fit in ``usable * free_bytes`` each, sizes within one.
+    """``items`` in as few consecutive parts as fit in ``usable * free_bytes`` each (and in
+    :data:`INDEX_LIMIT_BYTES`), sizes within one.
 
     Each item takes ``item_bytes``; ``free_bytes`` None (a device that cannot say, such as MPS) keeps one
     part. Raises :class:`~core.errors.NotEnoughMemoryError` if one item
@@ -83,6 +88,8 @@ def sub_batches(items: range, item_bytes: float, free_bytes: float | None,
         return [items]
     room = usable * free_bytes
     fit = int(room // item_bytes)
+    if fit >= 1:
+        fit = max(1, min(fit, int(INDEX_LIMIT_BYTES // item_bytes)))
     if fit < 1:
         raise NotEnoughMemoryError(
             f"one batch item needs {_gib(item_bytes)} on the GPU and the device has {_gib(free_bytes)} free, "
