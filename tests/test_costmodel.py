@@ -74,3 +74,16 @@ def test_no_sample_is_rejected_when_the_rest_cannot_judge_it():
     model = fit(data)
     assert model.n_rejected == 0
     assert model.predict({"n": 9e5, "m": 51.0})[0] == pytest.approx(0.4 + 3e-6 * 9e5, rel=1e-6)
+
+
+def test_a_backend_is_timed_only_after_the_last_ones_spinning_threads_had_a_pause(monkeypatch):
+    """OpenBLAS's and torch's pools spin after a call: a threaded backend timed right after shares the cores."""
+    from core.costmodel import calibrate as calibration
+
+    pauses = []
+    monkeypatch.setattr(calibration.time, "sleep", pauses.append)
+    monkeypatch.setattr(calibration, "_last_measured", [])
+    for backend in ("numpy", "numba", "numba", "torch", "torch", "process", "numpy", "numpy"):
+        calibration._quiet_after_spinners(backend)
+    # after numpy (before numba) and after torch (before process): never within a backend or after numba
+    assert pauses == [calibration.QUIET_SECONDS] * 2

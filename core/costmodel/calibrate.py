@@ -38,6 +38,15 @@ log = logging.getLogger("crossover")
 QUICK = {"budget": 25.0, "sample_cap": 0.5, "repeats": 3}
 FULL = {"budget": 600.0, "sample_cap": 30.0, "repeats": 5}
 
+# Backends whose runtimes keep their worker threads spinning for a while after a call returns: OpenBLAS
+# behind NumPy (about 2**28 cycles, ~0.1 s) and PyTorch's OpenMP pool. An implementation timed right
+# after one shares its cores with the spinners: on the 16-core H200 host ml.linreg's numba:threads,
+# measured after numpy, took 64 ms where its serial twin took 6.7 ms, and the model built on those
+# samples chose a GPU that was 28 % slower. A quiet pause lets them park before the next backend's timing.
+SPINNING_BACKENDS = frozenset({"numpy", "torch"})
+QUIET_SECONDS = 0.15
+_last_measured: list[str] = []  # the backend measured last in this process (a one-slot box)
+
 
 @dataclass
 class BackendCalibration:
@@ -83,11 +92,19 @@ def measure(spec: SolverSpec, implementation: str, problem: Any, repeats: int = 
     At least ``max(3, repeats)`` timed runs; more for short runs, until they
     add up to ``MIN_SAMPLE_SECONDS``, like ``timeit``'s autorange.
     """
+    _quiet_after_spinners(backend_of(implementation))
     warm_up = run_once(spec, implementation, problem)[1]
     timed: list[float] = []
     while len(timed) < max(3, repeats) or (sum(timed) < MIN_SAMPLE_SECONDS and len(timed) < MAX_REPEATS):
         timed.append(run_once(spec, implementation, problem)[1])
     return warm_up, statistics.median(timed)
+
+
+def _quiet_after_spinners(backend: str) -> None:
+    """Pause :data:`QUIET_SECONDS` when the last backend measured here left spinning threads behind."""
+    if _last_measured and _last_measured[0] != backend and _last_measured[0] in SPINNING_BACKENDS:
+        time.sleep(QUIET_SECONDS)
+    _last_measured[:] = [backend]
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int = 3) -> float:
