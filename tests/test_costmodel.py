@@ -87,3 +87,41 @@ def test_a_backend_is_timed_only_after_the_last_ones_spinning_threads_had_a_paus
         calibration._quiet_after_spinners(backend)
     # after numpy (before numba) and after torch (before process): never within a backend or after numba
     assert pauses == [calibration.QUIET_SECONDS] * 2
+
+
+_COMPILED: list[bool] = []
+
+
+def _slow_first_run(problem):
+    import time as clock
+
+    if not _COMPILED:  # a JIT's first call: compiles, once per process
+        _COMPILED.append(True)
+        clock.sleep(1.5)
+    return {"total": float(problem.n)}
+
+
+def test_a_first_run_s_compilation_is_not_charged_to_the_calibration_budget(fresh_registry, empty_cache):
+    """On a fresh GPU host Numba compiled for 23 s of the quick 25 s budget, and one design point was all
+    the models saw. The one-off belongs to the implementation, not to the samples."""
+    from dataclasses import dataclass
+
+    import core
+    from core.solver import SizeSpace
+
+    @dataclass(frozen=True)
+    class Tiny:
+        n: int = 1000
+
+    plugin = type("Compiling", (), {})()
+    plugin.crossover_solvers = core.hookimpl(lambda: [core.SolverSpec(
+        name="jit.tiny", problem_type=Tiny, implementations={"numpy": _slow_first_run},
+        features=lambda p: {"n": float(p.n)}, size_axis="n",
+        space=lambda quick: SizeSpace(ranges={"n": (1_000, 1_000_000)}),
+        memory=lambda p, b: 8.0 * p.n, default_problem=Tiny)])
+    core.register(plugin, name="jit")
+    _COMPILED.clear()
+    [report] = core.calibrate(["jit.tiny"], budget=1.0)
+    [row] = report.backends
+    assert row.one_off_seconds >= 1.4
+    assert row.samples >= 8 and row.stopped == "design done", (row.samples, row.stopped)
