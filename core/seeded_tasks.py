@@ -15,14 +15,12 @@ the backends through the registry.
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from core.validation import check_float, fail
+from core.validation import check_float, env_seconds, fail
 
 TaskFn = Callable[[Any, Mapping[str, np.ndarray], "np.random.SeedSequence | None"], Any]
 # on_result(index, result): called in the calling process as each task completes
@@ -41,16 +39,7 @@ def task_timeout(timeout: float | None = None) -> float | None:
     """
     if timeout is not None:
         return check_float("timeout", timeout, minimum=0, strict_minimum=True)
-    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
-    if not text:
-        return None
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise fail(TIMEOUT_VARIABLE, os.environ[TIMEOUT_VARIABLE], "must be a finite number of seconds > 0, or unset")
-    return seconds
+    return env_seconds(TIMEOUT_VARIABLE)
 
 
 def task_seeds(seed: int | None, n_tasks: int) -> list[np.random.SeedSequence | None]:

@@ -51,6 +51,20 @@ def env_flag(name: str, default: bool = False) -> bool:
     raise fail(name, os.environ[name], f"must be one of {', '.join(_ON + _OFF)}, or unset")
 
 
+def env_seconds(name: str) -> float | None:
+    """A duration environment variable: unset or empty gives None; else a finite number of seconds > 0."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise fail(name, os.environ[name], "must be a finite number of seconds > 0, or unset")
+    return seconds
+
+
 # Every count (sizes, iterations, indices) is looped over or indexed in int64 by NumPy, Numba and
 # torch: beyond this it wraps around deep inside a kernel, so it is the largest count any field takes.
 INT64_MAX = int(np.iinfo(np.int64).max)

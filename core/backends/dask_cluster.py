@@ -55,7 +55,7 @@ from threadpoolctl import threadpool_limits
 from core.backend import Availability, Backend, usable_cores
 from core.errors import BackendUnavailableError, TaskFailedError, UnpicklableTaskError, WorkerCrashedError
 from core.seeded_tasks import ResultCallback, TaskFn, readonly_views, task_labels, task_seeds
-from core.validation import check_float, fail
+from core.validation import check_float, env_seconds, fail
 
 SCHEDULER_VARIABLE = "CROSSOVER_DASK_SCHEDULER"
 TIMEOUT_VARIABLE = "CROSSOVER_DASK_TIMEOUT"
@@ -142,16 +142,8 @@ def connect_timeout() -> float:
     """Seconds to wait for the scheduler: ``use_scheduler``'s, else ``CROSSOVER_DASK_TIMEOUT``, else 10."""
     if _chosen_timeout is not None:
         return _chosen_timeout
-    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
-    if not text:
-        return DEFAULT_TIMEOUT_SECONDS
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise fail(TIMEOUT_VARIABLE, os.environ[TIMEOUT_VARIABLE], "must be a finite number of seconds > 0, or unset")
-    return seconds
+    seconds = env_seconds(TIMEOUT_VARIABLE)
+    return DEFAULT_TIMEOUT_SECONDS if seconds is None else seconds
 
 
 def local_workers() -> int:

@@ -79,7 +79,8 @@ def wisdom_path() -> Path:
 
 # -- fingerprints --------------------------------------------------------------------
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (Linux), else what ``platform`` says: for fingerprints and benchmark headers."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             for line in cpuinfo:
@@ -190,7 +191,7 @@ def _generic_print() -> dict[str, Any]:
 
 @lru_cache(maxsize=1)
 def _host_text() -> str:
-    return json.dumps({"cpu": _cpu_model(), "cores": os.cpu_count(), "usable_cores": usable_cores(),
+    return json.dumps({"cpu": cpu_model(), "cores": os.cpu_count(), "usable_cores": usable_cores(),
                        "machine": platform.machine(), "python": platform.python_version(),
                        "crossover": _version("crossover")})
 

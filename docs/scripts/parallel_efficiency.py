@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from core.costmodel.store import cpu_model
 from core.tasks import map_tasks, parallelism
 from plugins.mfg.common_noise import path_task
 from plugins.mfg.problem import CommonNoiseProblem, MFGProblem
@@ -123,17 +124,6 @@ def timed_run(workload, indices: Sequence[int], backend: str, options: dict) -> 
     started = time.perf_counter()
     out = workload.run(indices, backend, options)
     return time.perf_counter() - started, out
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def split(k_items: int, workers: int, t1_sum: float, penalty: float, wall: float, busy_seconds: float) -> dict:

@@ -32,6 +32,7 @@ import time
 
 from core.backends import dask_cluster
 from core.costmodel import history
+from core.costmodel.store import cpu_model
 from core.registry import get_registry
 from core.tasks import map_tasks, parallelism
 
@@ -43,17 +44,6 @@ def no_op(task: int, shared, seed) -> int:
 def sleep_for(task: float, shared, seed) -> float:
     time.sleep(task)
     return task
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def timed(fn, tasks: list, backend: str) -> float:
