@@ -205,16 +205,18 @@ def lm_batch(prep: Prepared, flux: Any, weight: Any, p0: Any, max_iter: int, tol
     iterations = np.zeros(b, dtype=np.int64)
     floor = ops.asarray(1.0 / (10.0 * np.array([100.0, 100.0, 1000.0, 1.0, 1.0, 1.0])) ** 2, dtype=chi2.dtype)
     eye = ops.eye(N_PARAMS)[None]
+    span = prep.upper - prep.lower
+    at_lower, at_upper = prep.lower + 1e-9 * span, prep.upper - 1e-9 * span
     for _ in range(max_iter):
         active = np.flatnonzero(~done)
         if active.size == 0:
             break
-        a = ops.asint(active)
+        # while every spectrum is still active, whole arrays (views and copies) instead of gathers and scatters
+        a = slice(None) if active.size == b else ops.asint(active)
         h, g, here = hessian[a], gradient[a], p[a]
         # a parameter on its bound that the gradient pushes outwards stays there (an active set): its
         # row and column leave the system, so the step and the predicted decrease are the feasible ones
-        span = prep.upper - prep.lower
-        free = ~(((here <= prep.lower + 1e-9 * span) & (g < 0)) | ((here >= prep.upper - 1e-9 * span) & (g > 0)))
+        free = ~(((here <= at_lower) & (g < 0)) | ((here >= at_upper) & (g > 0)))
         f = ops.float64(free)
         g = g * f
         h = h * f[:, :, None] * f[:, None, :] + eye * (1 - f)[:, None, :]
@@ -228,18 +230,17 @@ def lm_batch(prep: Prepared, flux: Any, weight: Any, p0: Any, max_iter: int, tol
         better = gain > 0
         # the step's predicted decrease: below the tolerance, neither this step nor a more damped one matters
         predicted = xp.sum(step * g, 1)
-        p[a] = xp.where(better[:, None], trial_p, p[a])
-        chi2[a] = xp.where(better, trial.chi2, chi2[a])
+        p[a] = xp.where(better[:, None], trial_p, here)
+        chi2[a] = xp.where(better, trial.chi2, before)
         hessian[a] = xp.where(better[:, None, None], trial.hessian, hessian[a])
         gradient[a] = xp.where(better[:, None], trial.gradient, gradient[a])
-        damping[a] = xp.where(better, lam * 0.3, lam * 5.0)
+        lam = xp.where(better, lam * 0.3, lam * 5.0)
+        damping[a] = lam
         iterations[active] += 1
+        finished = lam > 1e8  # stuck: no step of any size lowers chi2
         if tol > 0:
-            small = ops.to_numpy((better & (gain <= tol * before)) | (predicted <= tol * before))
-        else:
-            small = np.zeros(active.size, dtype=bool)
-        stuck = ops.to_numpy(damping[a] > 1e8)
-        done[active] = small | stuck
+            finished = finished | (better & (gain <= tol * before)) | (predicted <= tol * before)
+        done[active] = ops.to_numpy(finished)  # the loop's one wait for the device
     return {"p": p, "chi2": chi2, "hessian": hessian, "iterations": iterations, "converged": done}
 
 

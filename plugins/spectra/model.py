@@ -113,6 +113,7 @@ class Prepared:
     strides: tuple[int, ...]
     node_params: np.ndarray  # (nodes, 4) host copy
     node_bounds: list[tuple[float, float]]  # each axis's first and last node
+    even_axes: tuple[np.ndarray, ...] | None  # evenly spaced axes: see even_spacing
     ln_wave0: float
     dlnw: float
     u0: Any  # (N,) template position of every data pixel at v = 0
@@ -125,6 +126,15 @@ class Prepared:
     upper: Any
     arm_slices: list[tuple[int, int]]
     degree: int
+
+    constants: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def constant(self, name: str, value: np.ndarray) -> Any:
+        """``value`` on the ops' device, copied once per batch (a copy per evaluation is a transfer each time)."""
+        if name not in self.constants:
+            self.constants[name] = value if self.ops.name != "torch" else self.ops.torch.as_tensor(
+                value, device=self.ops.device)
+        return self.constants[name]
 
     @property
     def n_template(self) -> int:
@@ -166,8 +176,8 @@ def prepare(ops: Any, library: TemplateLibrary, wave: np.ndarray, arm: np.ndarra
     stops = [*edges.tolist(), len(arm)]
     return Prepared(ops=ops, table=table, axes=[ops.asarray(a, dtype=float64_dtype(ops)) for a in library.axes],
                     strides=strides, node_params=mesh,
-                    node_bounds=[(float(a[0]), float(a[-1])) for a in library.axes], ln_wave0=ln_wave0,
-                    dlnw=library.dlnw,
+                    node_bounds=[(float(a[0]), float(a[-1])) for a in library.axes],
+                    even_axes=even_spacing(library.axes), ln_wave0=ln_wave0, dlnw=library.dlnw,
                     u0=ops.asarray((lnw - ln_wave0) / library.dlnw, dtype=float64_dtype(ops)),
                     basis=ops.asarray(basis), basis_t=ops.asarray(np.ascontiguousarray(basis.T)),
                     basis_outer=ops.asarray((basis[:, :, None] * basis[:, None, :]).reshape(len(wave), -1)),
@@ -176,6 +186,17 @@ def prepare(ops: Any, library: TemplateLibrary, wave: np.ndarray, arm: np.ndarra
                     lower=ops.asarray(bounds_lo, float64_dtype(ops)),
                     upper=ops.asarray(bounds_hi, float64_dtype(ops)), arm_slices=list(zip(starts, stops)),
                     degree=degree)
+
+
+def even_spacing(axes: list[np.ndarray]) -> tuple[np.ndarray, ...] | None:
+    """(first node, step, last node, highest lower-node index, 1 / step), each (4,) or (1, 4), where every
+    axis is evenly spaced (to 1e-9 of a step); else None."""
+    steps = [np.diff(np.asarray(a, dtype=np.float64)) for a in axes]
+    if not all(len(s) and np.all(np.abs(s - s.mean()) <= 1e-9 * abs(s.mean())) for s in steps):
+        return None
+    step = np.array([s.mean() for s in steps])
+    return (np.array([a[0] for a in axes], dtype=np.float64), step, np.array([a[-1] for a in axes], dtype=np.float64),
+            np.array([len(a) - 2.0 for a in axes]), (1.0 / step)[None, :])
 
 
 def float64_dtype(ops: Any) -> Any:
@@ -193,9 +214,24 @@ def _int(ops: Any, x: Any) -> Any:
 # -- the pieces of the model -------------------------------------------------------------------
 
 
-def corners(prep: Prepared, theta: Any, derivatives: bool) -> tuple[Any, Any, Any]:
-    """Flat node indices (B, 16), multilinear weights (B, 16) and their derivatives (B, 16, 4)."""
+# the 16 corners of a grid cell: bit k of corner c says whether it takes axis k's upper node
+_CORNER_BITS = np.array([[(c >> (3 - k)) & 1 for k in range(4)] for c in range(16)], dtype=bool)
+_OFF_DIAGONAL = ~np.eye(4, dtype=bool)
+
+
+def cell_positions(prep: Prepared, theta: Any) -> tuple[Any, Any, Any]:
+    """Each theta's grid cell along the 4 axes: lower node index (B, 4), fraction in the cell and 1 / cell width.
+
+    Theta is clipped to the grid. On evenly spaced axes (every named grid)
+    this is arithmetic on all four at once; otherwise a search per axis.
+    """
     ops, xp = prep.ops, prep.ops.xp
+    if prep.even_axes:
+        first, step, last, highest, inverse = (prep.constant(f"axes_{i}", value)
+                                               for i, value in enumerate(prep.even_axes))
+        position = (xp.minimum(xp.maximum(theta, first), last) - first) / step  # in nodes from the first
+        low = xp.minimum(xp.floor(position), highest)
+        return _int(ops, low), position - low, inverse
     lows, fracs, invs = [], [], []
     for k, axis in enumerate(prep.axes):
         n = axis.shape[0]
@@ -206,34 +242,46 @@ def corners(prep: Prepared, theta: Any, derivatives: bool) -> tuple[Any, Any, An
         lows.append(i)
         fracs.append((t - lo) / (hi - lo))
         invs.append(1.0 / (hi - lo))
-    idx, w, dw = [], [], []
-    for c in range(16):
-        bits = [(c >> (3 - k)) & 1 for k in range(4)]
-        idx.append(sum((lows[k] + bits[k]) * prep.strides[k] for k in range(4)))
-        factors = [fracs[k] if bits[k] else 1.0 - fracs[k] for k in range(4)]
-        w.append(factors[0] * factors[1] * factors[2] * factors[3])
-        if derivatives:
-            slopes = [invs[k] if bits[k] else -invs[k] for k in range(4)]
-            dw.append(xp.stack([slopes[k] * math.prod(factors[j] for j in range(4) if j != k)
-                                for k in range(4)], 1))
-    weights = ops.cast(xp.stack(w, 1))
-    return xp.stack(idx, 1), weights, (ops.cast(xp.stack(dw, 1)) if derivatives else None)
+    return xp.stack(lows, 1), xp.stack(fracs, 1), xp.stack(invs, 1)
 
 
-def _rotation_cdf(xp: Any, u: Any) -> Any:
-    """The integral of the limb-darkened rotational profile from -1 to u (0 at u <= -1, 1 at u >= 1)."""
-    c1, c2 = 2 * (1 - EPSILON), math.pi * EPSILON / 2
-    root = xp.sqrt(1 - u * u)
-    area = math.pi * (1 - EPSILON / 3)
-    return (c1 * (u * root + xp.arcsin(u) + math.pi / 2) / 2 + c2 * (u - u**3 / 3 + 2 / 3)) / area
+def corners(prep: Prepared, theta: Any, derivatives: bool) -> tuple[Any, Any, Any]:
+    """Flat node indices (B, 16), multilinear weights (B, 16) and their derivatives (B, 16, 4).
+
+    All 16 corners at once, as (B, 16, 4) arrays: a corner-by-corner loop
+    launched ~600 small kernels per evaluation, which on a GPU cost more
+    than a small batch's whole fit.
+    """
+    ops, xp = prep.ops, prep.ops.xp
+    low, frac, inv = cell_positions(prep, theta)
+    frac, inv = frac[:, None, :], inv[:, None, :]
+    bits = prep.constant("corner_bits", _CORNER_BITS)
+    upper = prep.constant("corner_upper", _CORNER_BITS.astype(np.int64))
+    strides = prep.constant("strides", np.asarray(prep.strides, dtype=np.int64))
+    idx = xp.sum((low[:, None, :] + upper[None]) * strides, -1)  # (B, 16)
+    factors = xp.where(bits[None], frac, 1.0 - frac)  # (B, 16, 4): each axis's share of each corner
+    weights = ops.cast(xp.prod(factors, -1))
+    if not derivatives:
+        return idx, weights, None
+    slopes = xp.where(bits[None], inv, -inv)  # d factor_k / d theta_k
+    # d w / d theta_k: slope k times the product of the other three factors
+    others = xp.where(prep.constant("off_diagonal", _OFF_DIAGONAL)[None, None], factors[:, :, None, :], 1.0)
+    return idx, weights, ops.cast(slopes * xp.prod(others, -1))
 
 
-def _rotation_moment(xp: Any, u: Any) -> Any:
-    """The integral of t G(t) from -1 to u for the same profile (0 at both ends: G is even)."""
+def _rotation_integrals(xp: Any, u: Any) -> tuple[Any, Any]:
+    """From -1 to u, the integrals of the limb-darkened rotational profile G(t) and of t G(t).
+
+    The first is 0 at u <= -1 and 1 at u >= 1; the second is 0 at both ends (G is even).
+    """
     c1, c2 = 2 * (1 - EPSILON), math.pi * EPSILON / 2
     area = math.pi * (1 - EPSILON / 3)
     u2 = u * u
-    return (-c1 * (1 - u2) * xp.sqrt(1 - u2) / 3 + c2 * (u2 / 2 - u2 * u2 / 4 - 0.25)) / area
+    rest = 1 - u2
+    root = xp.sqrt(rest)
+    cdf = (c1 / 2 / area) * (u * root + xp.arcsin(u) + math.pi / 2) + (c2 / area) * (u - u * u2 / 3 + 2 / 3)
+    moment = (-c1 / 3 / area) * rest * root + (c2 / area) * (u2 / 2 - u2 * u2 / 4 - 0.25)
+    return cdf, moment
 
 
 def kernel_half_width(vsini_max: float, step_kms: float) -> int:
@@ -250,24 +298,37 @@ def rotation_kernel(prep: Prepared, vsini: Any, half: int) -> Any:
     a plateau on which fits stall at different points).
     """
     ops, xp = prep.ops, prep.ops.xp
-    m = ops.asarray(np.arange(-half, half + 1), dtype=float64_dtype(ops))[None, :]
     h = prep.step_kms
+    # the CDF and moment at every pixel edge once: pixel m's two segments share their edges with its neighbours'
+    edges = prep.constant(f"kernel_edges_{half}", np.arange(-half - 1, half + 2, dtype=np.float64))
+    m = edges[None, 1:-1]
     vs = ops.maximum(vsini, 1e-6)[:, None]
-    a = ops.clip((m - 1) * h / vs, -1.0, 1.0)
-    b = ops.clip(m * h / vs, -1.0, 1.0)
-    d = ops.clip((m + 1) * h / vs, -1.0, 1.0)
-    cdf_a, cdf_b, cdf_d = _rotation_cdf(xp, a), _rotation_cdf(xp, b), _rotation_cdf(xp, d)
-    mom_a, mom_b, mom_d = _rotation_moment(xp, a), _rotation_moment(xp, b), _rotation_moment(xp, d)
-    rising = vs / h * (mom_b - mom_a) - (m - 1) * (cdf_b - cdf_a)  # x in [(m-1)h, mh]: weight (x - (m-1)h)/h
-    falling = (m + 1) * (cdf_d - cdf_b) - vs / h * (mom_d - mom_b)  # x in [mh, (m+1)h]: weight ((m+1)h - x)/h
+    x = ops.clip(edges[None, :] * h / vs, -1.0, 1.0)
+    cdf, moment = _rotation_integrals(xp, x)
+    d_cdf, d_moment = cdf[:, 1:] - cdf[:, :-1], moment[:, 1:] - moment[:, :-1]
+    # x in [(m-1)h, mh] carries weight (x - (m-1)h)/h to pixel m, x in [mh, (m+1)h] weight ((m+1)h - x)/h
+    rising = vs / h * d_moment[:, :-1] - (m - 1) * d_cdf[:, :-1]
+    falling = (m + 1) * d_cdf[:, 1:] - vs / h * d_moment[:, 1:]
     return rising + falling
 
 
 def rotation_kernel_derivative(prep: Prepared, vsini: Any, half: int, h: float = 0.5) -> Any:
     """d kernel / d vsini by a central difference (one-sided at vsini < h): the kernel is tiny, this is cheap."""
+    return rotation_kernels(prep, vsini, half, True, h)[1]
+
+
+def rotation_kernels(prep: Prepared, vsini: Any, half: int, derivative: bool, h: float = 0.5) -> tuple[Any, Any]:
+    """The kernel and, with ``derivative``, d kernel / d vsini (a central difference, one-sided at vsini < h).
+
+    The three kernels (at vsini, vsini + h, vsini - h) are one call on a stacked batch: a third of the launches.
+    """
+    if not derivative:
+        return rotation_kernel(prep, vsini, half), None
+    b = vsini.shape[0]
     up = vsini + h
     down = prep.ops.maximum(vsini - h, 0.0)
-    return (rotation_kernel(prep, up, half) - rotation_kernel(prep, down, half)) / (up - down)[:, None]
+    kernels = rotation_kernel(prep, _cat(prep.ops, [vsini, up, down], 0), half)
+    return kernels[:b], (kernels[b : 2 * b] - kernels[2 * b :]) / (up - down)[:, None]
 
 
 def log_doppler(v: Any, xp: Any) -> Any:
@@ -282,8 +343,8 @@ def shifted_templates(prep: Prepared, p: Any, jac: bool) -> Any:
     idx, w, dw = corners(prep, p[:, 2:6], jac)
     channels = ops.interpolate_exp(prep.table, idx, w, dw)  # (B, 1 or 5, P): F, F d ln F / d theta
     half = kernel_half_width(float(xp.max(p[:, 1])), prep.step_kms)
-    kernel = ops.cast(rotation_kernel(prep, p[:, 1], half))
-    dk = ops.cast(rotation_kernel_derivative(prep, p[:, 1], half)) if jac else None
+    kernel, dk = rotation_kernels(prep, p[:, 1], half, jac)
+    kernel, dk = ops.cast(kernel), (ops.cast(dk) if jac else None)
     beta = p[:, 0] / C_KMS
     shift = log_doppler(p[:, 0], xp) / prep.dlnw  # in template pixels
     du_dv = -1.0 / (C_KMS * (1 - beta * beta) * prep.dlnw)

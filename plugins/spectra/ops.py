@@ -169,13 +169,15 @@ class TorchOps(NumpyOps):
     def take_along(self, x, idx, axis=-1):
         return self.torch.take_along_dim(x, idx, dim=axis)
 
+    # the _ex forms skip the singularity check, which waits for the device on every call; the systems here
+    # are ridged or damped, and a failed one gives non-finite values that the fit rejects like a bad step
     def solve(self, a, b):
         if b.ndim == a.ndim - 1:
-            return self.torch.linalg.solve(a, b[..., None])[..., 0]
-        return self.torch.linalg.solve(a, b)
+            return self.torch.linalg.solve_ex(a, b[..., None])[0][..., 0]
+        return self.torch.linalg.solve_ex(a, b)[0]
 
     def inv(self, a):
-        return self.torch.linalg.inv(a)
+        return self.torch.linalg.inv_ex(a)[0]
 
     def eye(self, n: int):
         return self.torch.eye(n, dtype=self.torch.float64, device=self.device)
@@ -189,7 +191,7 @@ class TorchOps(NumpyOps):
     def maximum(self, a, b):
         torch = self.torch
         if not isinstance(b, torch.Tensor):
-            b = torch.as_tensor(b, dtype=a.dtype, device=a.device)
+            return torch.clamp_min(a, b)  # a number stays on the host: no copy to the device per call
         return torch.maximum(a, b)
 
     def interpolate(self, table, idx, w, dw, rows_per_chunk: int = 256):
