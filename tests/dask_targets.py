@@ -43,3 +43,20 @@ def thread_settings(task: int, shared, seed) -> dict:
     found = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS",
                                                      "CROSSOVER_POOL_WORKER")}
     return {**found, "blas_threads": sorted({pool["num_threads"] for pool in threadpool_info()})}
+
+
+def path_when_alone(task: tuple, shared, seed) -> tuple[np.ndarray, int]:
+    """A common-noise path (its Numba kernels take any cores lent to it): its M, and the threads they ran on.
+
+    With ``wait``, the path starts only once it may use more than one core
+    (the map's other tasks finished), or after 30 s.
+    """
+    from core.backends import core_lending
+    from plugins.mfg.common_noise import path_task
+
+    problem, wait = task
+    deadline = time.monotonic() + 30
+    while wait and core_lending.cores_for_this_task() == 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    out = path_task((problem, "numba"), shared, seed)
+    return out["M"], out["threads"]

@@ -47,11 +47,11 @@ def thread_limits(task, shared, seed):
 
 def cores_before_and_after(task, shared, seed):
     """(cores granted at start, Numba threads at start, cores granted after sleeping ``task`` s, threads then)."""
-    from core.backends import numba_threads, process_pool
+    from core.backends import core_lending, numba_threads
 
-    first = process_pool.cores_for_this_task(), numba_threads.threads()
+    first = core_lending.cores_for_this_task(), numba_threads.threads()
     time.sleep(task)
-    return (*first, process_pool.cores_for_this_task(), numba_threads.use_idle_cores())
+    return (*first, core_lending.cores_for_this_task(), numba_threads.use_idle_cores())
 
 
 def pid_after_sleep(task, shared, seed):

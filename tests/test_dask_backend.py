@@ -8,6 +8,8 @@ What is checked against an independent truth:
 - the cluster that ``local`` starts listens on 127.0.0.1 only;
 - shared inputs are scattered once and arrive read-only; short tasks are
   batched (fewer dask tasks than tasks), long ones are not;
+- on the local cluster, idle workers' cores go to the last running task
+  (as on the process pool), unless switched off, and change no result;
 - importing ``core`` (and listing backends, with a scheduler configured)
   never imports dask.
 
@@ -36,7 +38,7 @@ import sweep_targets
 
 import core
 from core import tasks
-from core.backends import dask_cluster
+from core.backends import core_lending, dask_cluster
 from core.costmodel import calibrate, history
 from core.costmodel.features import ROUNDS, SPAN, model_features
 from core.errors import BackendUnavailableError, ProblemError, TaskFailedError, UnpicklableTaskError
@@ -211,8 +213,47 @@ def test_the_local_cluster_listens_on_loopback_only(local_cluster):
 
 def test_local_workers_run_one_blas_and_one_numba_thread_and_keep_no_history(local_cluster):
     settings = tasks.map_tasks(dask_targets.thread_settings, [0, 1], backend="dask")
-    assert settings == [{"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1",
+    # Numba's pool is sized for the cores a task may be lent (as in the process pool), but a task runs one
+    pool = str(core_lending.numba_pool_size(2))
+    assert settings == [{"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": pool,
                          "CROSSOVER_POOL_WORKER": "1", "blas_threads": [1]}] * 2
+    assert [numba for _, numba in tasks.map_tasks(pt.thread_limits, [0, 1], backend="dask")] == [1, 1]
+
+
+def test_idle_workers_cores_go_to_the_last_running_task_on_the_local_cluster(local_cluster):
+    # as on the process pool: task 1 outlives tasks 0 and 2 (which run one after the other on the
+    # other worker); it starts while task 2 still waits (one core), and once the others are done it
+    # may use both workers' cores. Tasks 0 and 2 last 1 s, so a loaded machine cannot finish them
+    # before task 1 starts.
+    local_cluster.wait_for_workers(2, timeout=60)
+    results = tasks.map_tasks(pt.cores_before_and_after, [1.0, 4.0, 1.0], backend="dask")
+    assert results[1] == (1, 1, 2, 2)
+    assert results[2][:2] == (1, 1)
+    # cores lent to a task go back before the worker's next task
+    assert [numba for _, numba in tasks.map_tasks(pt.thread_limits, [0, 1], backend="dask")] == [1, 1]
+    assert core_lending.cores_for_this_task() is None  # not in a task
+
+
+def test_lending_on_the_local_cluster_can_be_switched_off(local_cluster, monkeypatch):
+    monkeypatch.setenv("CROSSOVER_LEND_IDLE_CORES", "0")  # read here, in the calling process, at each map
+    results = tasks.map_tasks(pt.cores_before_and_after, [0.0, 1.0], backend="dask")
+    assert results[1] == (1, 1, 1, 1)
+
+
+def test_lent_cores_change_no_result(local_cluster, monkeypatch):
+    # a path of the common-noise solver, whose particle kernel takes lent cores, started once the
+    # other task is done (so on both workers' cores), equals the same path on one core and here
+    problem = problem_from_params(core.solvers()["mfg.common_noise"], SMALL_NOISE)
+    lent = tasks.map_tasks(dask_targets.path_when_alone, [(problem, False), (problem, True)], seed=5,
+                           backend="dask")
+    monkeypatch.setenv("CROSSOVER_LEND_IDLE_CORES", "0")
+    kept = tasks.map_tasks(dask_targets.path_when_alone, [(problem, False), (problem, False)], seed=5,
+                           backend="dask")
+    here = tasks.run_serially(dask_targets.path_when_alone, [(problem, False)] * 2, seed=5)
+    assert [threads for _, threads in lent] == [1, core_lending.numba_pool_size(2)]
+    assert [threads for _, threads in kept] == [1, 1]
+    for (on, _), (off, _), (serial, _) in zip(lent, kept, here):
+        assert np.array_equal(on, off) and np.array_equal(on, serial)
 
 
 def test_seeded_results_equal_the_serial_reference_and_stream_once(local_cluster):
@@ -248,6 +289,14 @@ def test_short_tasks_are_batched_and_long_ones_are_not(local_cluster, monkeypatc
     long = [(i, 0.12) for i in range(6)]
     assert tasks.map_tasks(pt.square_after_sleep, long, backend="dask") == [i * i for i in range(6)]
     assert submitted == [1] * 6
+
+
+def test_small_maps_go_to_the_same_workers(local_cluster):
+    # a worker loads a solver's kernels at its first task: a map of one task must reuse the warm worker
+    # rather than reach a cold one at every solve
+    local_cluster.wait_for_workers(2, timeout=60)
+    pids = {pid for _ in range(6) for pid in tasks.map_tasks(pt.pid_after_sleep, [0.0], backend="dask")}
+    assert len(pids) == 1
 
 
 def test_a_failing_task_is_named_and_the_others_kept(local_cluster):

@@ -28,6 +28,10 @@ Why each choice:
 - *a task's exception comes back as a value*, so that one failure keeps the
   results of the rest of its batch, and Dask does not count it against the
   worker.
+- *idle workers lend their cores to the last tasks* on a ``local`` cluster,
+  as in the process pool (:mod:`core.backends.core_lending`): its workers
+  share this host, its memory and its cores. A remote scheduler's workers
+  can reach neither, so there every task keeps one core.
 
 Plugins never call this module: they call :func:`core.tasks.map_tasks`
 with ``backend="dask"``.
@@ -47,12 +51,14 @@ import time
 import traceback
 from collections.abc import Mapping, Sequence
 from importlib import metadata
+from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
 from core.backend import Availability, Backend, usable_cores
+from core.backends import core_lending
 from core.errors import BackendUnavailableError, TaskFailedError, UnpicklableTaskError, WorkerCrashedError
 from core.seeded_tasks import ResultCallback, TaskFn, readonly_views, task_labels, task_seeds
 from core.validation import check_float, env_seconds, fail
@@ -222,6 +228,13 @@ def get_client() -> Any:
     return client
 
 
+# Diagnostics for a dashboard the local cluster does not run: each worker's statistical profiler samples its
+# stacks every 10 ms, and every server checks its event loop every 20 ms. Left on, an idle 16-worker cluster
+# burned 58 % of a core of the 2-core VM (46 % in the workers, 12 % in this process, which hosts the
+# scheduler and the nannies), and about 20 % with them off; 2 workers 14 % and 4 %.
+_QUIET_CLUSTER = {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s"}
+
+
 def _start_local_cluster(distributed) -> Any:
     """A LocalCluster on loopback: worker processes of one thread each, no dashboard (nothing listens outside)."""
     # its scheduler and nannies run in this process and log every worker's start and stop at INFO, which
@@ -231,13 +244,18 @@ def _start_local_cluster(distributed) -> Any:
     # the nannies pin their workers' BLAS threads by setting OMP_NUM_THREADS and the like in *this*
     # process's environment before they spawn; left there, they would change this process's own
     # configuration (and the wisdom fingerprint of the numpy backend), so they are put back
+    import dask  # loaded with distributed by now (imported on first use: see the module docstring)
+
     before = dict(os.environ)
+    workers = local_workers()
     try:
-        return distributed.LocalCluster(
-            n_workers=local_workers(), threads_per_worker=1, processes=True, host="127.0.0.1",
-            dashboard_address=None, silence_logs=logging.ERROR,
-            # one Numba thread per worker, as in the process pool
-            env={"NUMBA_NUM_THREADS": "1", "CROSSOVER_POOL_WORKER": "1"})
+        with dask.config.set(_QUIET_CLUSTER):
+            return distributed.LocalCluster(
+                n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                dashboard_address=None, silence_logs=logging.ERROR, preload=[__name__],  # dask_setup, in each worker
+                # as in the process pool: Numba's pool sized for the cores a task may be lent (it is sized
+                # once, at import), while each task runs on one thread (_run_batch)
+                env={"NUMBA_NUM_THREADS": str(core_lending.numba_pool_size(workers)), "CROSSOVER_POOL_WORKER": "1"})
     finally:
         for name in set(os.environ) - set(before):
             del os.environ[name]
@@ -320,8 +338,9 @@ def _pin_worker_threads() -> None:
 
     A worker runs as many tasks at once as it has threads, and each task
     is a single-threaded kernel: more threads per task would oversubscribe
-    the cores. A LocalCluster's workers start this way; a worker started by
-    hand (``dask worker``) may not, so the first batch it runs sees to it.
+    the cores. A LocalCluster's workers start this way (:func:`dask_setup`);
+    a worker started by hand (``dask worker``) may not, so the first batch
+    it runs sees to it.
     """
     global _pinned
     # a worker's solves are parts of the caller's: the timing history must not store them as whole solves
@@ -333,20 +352,71 @@ def _pin_worker_threads() -> None:
         _pinned = True
 
 
-def _run_batch(fn: TaskFn, batch: list[tuple[int, Any, Any]], shared: Mapping[str, np.ndarray] | None) -> list[Row]:
-    """Worker side: run each task of a batch, returning its result, or its exception as a value."""
+def dask_setup(worker: Any) -> None:
+    """A local cluster's worker at its start (Dask's preload hook), set up as the process pool sets up its workers.
+
+    Numba is loaded now, with the pool the cluster sized for lending: loaded
+    by a task, it would give that task every thread of the pool (a thread's
+    default), while :func:`_run_batch` sets Numba to one thread before each
+    task. Loading it here also makes it part of the cluster's start, the
+    backend's one-off, rather than of the first map.
+    """
+    try:
+        import numba  # before _pin_worker_threads, whose limits must cover the OpenMP runtime Numba loads
+    except ImportError:
+        pass
+    else:
+        numba.set_num_threads(1)  # starts the pool, loading its threading layer
+    _pin_worker_threads()
+
+
+Marker = tuple[str, int, int]  # a lending map's task states: shared-memory block, task count, cores it may lend
+
+
+def _run_batch(fn: TaskFn, batch: list[tuple[int, Any, Any]], shared: Mapping[str, np.ndarray] | None,
+               marker: Marker | None) -> list[Row]:
+    """Worker side: run each task of a batch, returning its result, or its exception as a value.
+
+    With a ``marker`` (a map on the local cluster), each task is marked
+    started and finished in it, so that the map's last tasks may take the
+    cores of idle workers (:mod:`core.backends.core_lending`).
+    """
     _pin_worker_threads()
     if "numba" in sys.modules:  # loaded before this worker ran crossover's tasks: one thread (thread-local)
         sys.modules["numba"].set_num_threads(1)
     views = readonly_views(shared)
-    rows: list[Row] = []
-    for index, task, seed in batch:
-        began = time.perf_counter()
-        try:
-            rows.append((index, True, fn(task, views, seed), time.perf_counter() - began))
-        except Exception as exc:
-            rows.append((index, False, _sendable(exc), time.perf_counter() - began))
-    return rows
+    block = _attach_marker(marker)
+    if block is None:
+        return [_run_one(fn, index, task, seed, views) for index, task, seed in batch]
+    _, count, lendable = marker
+    states = np.ndarray((count,), np.int8, buffer=block.buf)
+    try:
+        rows = []
+        for index, task, seed in batch:
+            with core_lending.running_task(states, index, lendable):
+                rows.append(_run_one(fn, index, task, seed, views))
+        return rows
+    finally:
+        del states  # the block closes only once no view of it is left
+        block.close()
+
+
+def _attach_marker(marker: Marker | None) -> shared_memory.SharedMemory | None:
+    """The map's task states; None without lending, or once the map was interrupted and released them."""
+    if marker is None:
+        return None
+    try:
+        return shared_memory.SharedMemory(name=marker[0])
+    except FileNotFoundError:  # a batch Dask could not cancel, still starting after its map ended
+        return None
+
+
+def _run_one(fn: TaskFn, index: int, task: Any, seed: Any, views: Mapping[str, np.ndarray]) -> Row:
+    began = time.perf_counter()
+    try:
+        return index, True, fn(task, views, seed), time.perf_counter() - began
+    except Exception as exc:
+        return index, False, _sendable(exc), time.perf_counter() - began
 
 
 def _sendable(exc: Exception) -> Exception:
@@ -384,15 +454,23 @@ def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarr
     seeds = task_seeds(seed, len(tasks))
     client = get_client()
     address = _shown
+    places = _slot_places(client)
+    slots = max(1, len(places))
     results: list[Any] = [None] * len(tasks)
     failures: dict[int, BaseException] = {}
     submitted: dict[Any, list[int]] = {}
+    block, marker = _lending_marker(len(tasks), slots)
     try:
         shared_future = _scatter(client, shared, address, results)
-        _collect(client, fn, tasks, seeds, labels, shared_future, address, results, failures, on_result, submitted)
+        _collect(client, fn, tasks, seeds, labels, shared_future, marker, places, address, results, failures,
+                 on_result, submitted)
     except BaseException:  # interrupted, or on_result raised: the cluster must not keep running this map
         _cancel(client, list(submitted))
         raise
+    finally:
+        if block is not None:
+            block.close()
+            block.unlink()
     if failures:
         i = min(failures)  # the first failing task in the caller's order, whatever finished first
         error = failures[i]
@@ -400,6 +478,25 @@ def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarr
         raise TaskFailedError(f"task {i} ({labels[i]}) failed on the dask cluster at {address}: {text}",
                               i, results) from error
     return results
+
+
+def _slot_places(client: Any) -> list[str]:
+    """The cluster's worker threads in a fixed order, each as its worker's address (one of n threads: n times)."""
+    return [address for address, threads in sorted(client.nthreads().items()) for _ in range(threads)]
+
+
+def _lending_marker(count: int, slots: int) -> tuple[shared_memory.SharedMemory | None, Marker | None]:
+    """A map's task states (all waiting) where its workers can reach them, and how they find them; or no lending.
+
+    Only on the local cluster: the workers of a remote scheduler run on
+    other hosts, which can reach neither this host's shared memory nor its
+    idle cores, so there every task keeps one core.
+    """
+    if _cluster is None:
+        return None, None
+    lendable = core_lending.lendable_cores(slots)  # before the block exists: an unreadable switch leaks nothing
+    block = shared_memory.SharedMemory(create=True, size=count)  # a new block is zeros: every task waiting
+    return block, (block.name, count, lendable)
 
 
 def _scatter(client: Any, shared: Mapping[str, np.ndarray] | None, address: str, results: list) -> Any:
@@ -415,22 +512,29 @@ def _scatter(client: Any, shared: Mapping[str, np.ndarray] | None, address: str,
 
 
 def _collect(client: Any, fn: TaskFn, tasks: list, seeds: list, labels: list[str], shared_future: Any,
-             address: str, results: list, failures: dict[int, BaseException], on_result: ResultCallback | None,
+             marker: Marker | None, places: list[str], address: str, results: list,
+             failures: dict[int, BaseException], on_result: ResultCallback | None,
              submitted: dict[Any, list[int]]) -> None:
     """Submit one task per slot, size the remaining batches from the first to finish, and take results."""
-    slots = max(1, sum(client.nthreads().values()))
+    slots = max(1, len(places))
     pending = list(range(len(tasks)))
     # each future reports here as it finishes (in a thread of the client): waiting needs no default client
     finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
-    def submit(indices: list[int]) -> None:
+    def submit(indices: list[int], place: str | None = None) -> None:
         batch = [(i, tasks[i], seeds[i]) for i in indices]
-        future = client.submit(_run_batch, fn, batch, shared_future, pure=False)
+        # a preference, not a rule: the task of a worker that is gone goes to another, and Dask may steal it
+        where = {} if place is None else {"workers": [place], "allow_other_workers": True}
+        future = client.submit(_run_batch, fn, batch, shared_future, marker, pure=False, **where)
         submitted[future] = indices
         future.add_done_callback(finished.put)
 
-    for i in pending[:slots]:
-        submit([i])
+    # The first round, one task a slot, goes to the slots in the same order at every map, so a map of
+    # a few tasks reuses the workers that earlier maps warmed: a worker loads a solver's kernels at its
+    # first task (0.5-0.7 s for mfg.common_noise's on the 2-core VM), and a small map sent wherever the
+    # scheduler liked reached a cold worker in 7 of the first 12 solves on an 8-worker cluster.
+    for i, place in zip(pending[:slots], places or [None]):
+        submit([i], place)
     remaining, pending = min(slots, len(pending)), pending[slots:]
     while remaining:
         future = _next_finished(client, finished, address, results)

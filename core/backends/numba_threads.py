@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from core.backend import Availability, Backend, host_free_memory, usable_cores
+from core.backends.core_lending import cores_for_this_task
 
 
 def jit(parallel: bool = False, **options: Any) -> Callable:
@@ -43,18 +44,17 @@ def pool_size() -> int:
 
 
 def use_idle_cores() -> int:
-    """Before a parallel kernel inside a process-pool task: take the cores idle workers left.
+    """Before a parallel kernel inside a task of a local map: take the cores idle workers left.
 
-    Outside a pool task this changes nothing. Inside one, Numba runs on the
-    number of cores :func:`core.backends.process_pool.cores_for_this_task`
+    Outside such a task (a process-pool task, or one on a dask cluster this
+    process started) this changes nothing. Inside one, Numba runs on the
+    number of cores :func:`core.backends.core_lending.cores_for_this_task`
     grants (one while other tasks still wait). Returns the thread count the
     next kernel will use. Kernels whose result does not depend on the thread
     count (private partial sums, per-item random streams) can call this
     freely: it changes their speed, never their answer.
     """
     import numba
-
-    from core.backends.process_pool import cores_for_this_task
 
     cores = cores_for_this_task()
     if cores is not None:

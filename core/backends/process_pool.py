@@ -7,8 +7,8 @@ Why each choice:
 - *one BLAS and one Numba thread per worker*: N workers times N threads each
   would oversubscribe the cores and run slower than either alone. Once no
   task waits for a worker, though, the idle workers' cores are lent to the
-  tasks still running (:func:`cores_for_this_task`), so that a map's last
-  few long tasks do not run on one core each while the rest sit idle.
+  tasks still running (:mod:`core.backends.core_lending`), so that a map's
+  last few long tasks do not run on one core each while the rest sit idle.
 - *shared memory for large inputs*: pickling a 100 MB array to every task
   costs more than most tasks do.
 - *a start/finish marker per task in shared memory*: when a worker dies the
@@ -39,7 +39,6 @@ import os
 import pickle
 import queue
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -55,12 +54,12 @@ from typing import Any
 import numpy as np
 
 from core.backend import Availability, Backend, host_free_memory, usable_cores
-from core.backends import pool_lifeline, pool_main
+from core.backends import core_lending, pool_lifeline, pool_main
+from core.backends.core_lending import STARTED
 from core.errors import ProblemError, TaskFailedError, TaskTimeoutError, UnpicklableTaskError, WorkerCrashedError
 from core.seeded_tasks import ResultCallback, TaskFn, task_labels, task_seeds, task_timeout
 from core.validation import env_flag, fail
 
-_STARTED, _FINISHED = 1, 2
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 # a worker waits this long at most for its peers to check in (a start never hangs)
@@ -191,7 +190,7 @@ def start_pool(workers: int | None = None) -> None:
 def _check_in(index: int, marker: str, count: int) -> int:
     """Worker side of :func:`start_pool`: mark this worker up, then wait for the others."""
     states = np.ndarray((count,), np.int8, buffer=_attach(marker).buf)
-    states[index] = _STARTED
+    states[index] = STARTED
     deadline = time.monotonic() + _START_TIMEOUT_SECONDS
     while not np.all(states) and time.monotonic() < deadline:
         time.sleep(0.001)
@@ -215,7 +214,8 @@ def _init_worker(counter=None, workers: int = 1, lifeline: Connection | None = N
     """Tie the worker's life to the caller's, and pin it to one BLAS and one Numba thread (see module docstring).
 
     Numba's pool is sized for ``workers`` threads but set to use one: a task
-    may raise it later, when :func:`cores_for_this_task` says cores are idle.
+    may raise it later, when :func:`core.backends.core_lending.cores_for_this_task`
+    says cores are idle.
 
     With ``CROSSOVER_PIN_WORKERS=1`` each worker is also bound to its own
     core (worker i to the i-th usable core), so the scheduler never moves a
@@ -235,7 +235,7 @@ def _init_worker(counter=None, workers: int = 1, lifeline: Connection | None = N
         os.sched_setaffinity(0, {cores[index % len(cores)]})
     for variable in _THREAD_VARIABLES:
         os.environ[variable] = "1"
-    os.environ["NUMBA_NUM_THREADS"] = str(max(1, min(workers, os.cpu_count() or 1)))
+    os.environ["NUMBA_NUM_THREADS"] = str(core_lending.numba_pool_size(workers))
     try:
         import numba  # before the limits below, so that they cover the OpenMP runtime numba loads
     except ImportError:
@@ -300,32 +300,19 @@ def _views(handles: Mapping[str, ArrayHandle]) -> dict[str, np.ndarray]:
     return views
 
 
-# In a worker, while a task runs: its map's task states, and the cores the map may lend out.
-_states: np.ndarray | None = None
-_index = 0
-_lendable = 1
-
-
 def _run_task(payload: bytes, main: pool_main.MainRef | None, index: int, handles: Mapping[str, ArrayHandle],
               marker: str, count: int, lendable: int) -> Any:
     """Worker side of a map: unpickle task ``index`` (see :func:`_pack`), run it, mark it started and finished."""
-    global _states, _index, _lendable
     states = np.ndarray((count,), np.int8, buffer=_attach(marker).buf)
-    states[index] = _STARTED
-    _states, _index, _lendable = states, index, lendable
-    try:
-        fn, task, seed = pool_main.loads_task(payload, main)
-        return fn(task, _views(handles), seed)
-    except Exception as exc:
-        stand_in = _unsendable(exc)
-        if stand_in is None:
-            raise
-        raise stand_in from None
-    finally:
-        _states = None
-        if "numba" in sys.modules:  # cores lent to this task go back before the next one
-            sys.modules["numba"].set_num_threads(1)
-        states[index] = _FINISHED
+    with core_lending.running_task(states, index, lendable):
+        try:
+            fn, task, seed = pool_main.loads_task(payload, main)
+            return fn(task, _views(handles), seed)
+        except Exception as exc:
+            stand_in = _unsendable(exc)
+            if stand_in is None:
+                raise
+            raise stand_in from None
 
 
 def _unsendable(exc: Exception) -> UnpicklableTaskError | None:
@@ -345,35 +332,6 @@ def _unsendable(exc: Exception) -> UnpicklableTaskError | None:
             message = "(its message could not be formatted)"
         remote = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         return UnpicklableTaskError(f"{type(exc).__name__}: {message}", remote)
-
-
-def cores_for_this_task() -> int | None:
-    """How many cores the running pool task may use now; None outside a pool task.
-
-    One while any task of the map still waits for a worker. After that, the
-    pool's cores are shared among the tasks still running: with 16 workers
-    and 3 tasks left, one may use 6 and two 5. The spare cores of an uneven
-    split go to the tasks that started last, which have the most work left.
-    Tasks ask between their parallel kernels; the answer is a snapshot of
-    the markers, not a lock.
-    With ``CROSSOVER_LEND_IDLE_CORES=0`` in the calling process every task
-    keeps one core (to measure what lending gains).
-    """
-    if _states is None:
-        return None
-    if np.any(_states == 0):
-        return 1
-    running = np.flatnonzero(_states == _STARTED)
-    if running.size >= _lendable:  # this task is among them, so there is at least one
-        return 1
-    later = int(np.count_nonzero(running > _index))  # tasks are handed out in index order
-    base, spare = divmod(_lendable, running.size)
-    return base + (1 if later < spare else 0)
-
-
-def _lendable_cores(workers: int) -> int:
-    """Read in the calling process, not the workers: they keep the environment they started with."""
-    return workers if env_flag("CROSSOVER_LEND_IDLE_CORES", default=True) else 1
 
 
 # -- the map -----------------------------------------------------------------
@@ -410,7 +368,7 @@ def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarr
     states[:] = 0
     try:
         executor = get_executor(workers)
-        lendable = _lendable_cores(_executor_workers)
+        lendable = core_lending.lendable_cores(_executor_workers)
         futures = {executor.submit(_run_task, payload, main, i, handles, marker.name, len(tasks), lendable): i
                    for i, payload in enumerate(payloads)}
         results, crashed, failures, overdue = _collect(futures, states, on_result, limit)
@@ -423,7 +381,7 @@ def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarr
                 f"(timeout= or CROSSOVER_TASK_TIMEOUT); its worker was stopped and {kept} finished results "
                 f"were kept", overdue, results, limit)
         if crashed:
-            suspects = [i for i in range(len(tasks)) if states[i] == _STARTED]
+            suspects = [i for i in range(len(tasks)) if states[i] == STARTED]
             del states
             shutdown()  # the broken pool is useless; the next map builds a new one
             raise _crash_error(payloads, main, labels, suspects, handles, marker.name, results, workers,
@@ -520,7 +478,7 @@ def _take(future: Future, futures: dict[Future, int], results: list, failures: d
 def _overdue(states: np.ndarray, running_since: dict[int, float], limit: float) -> int | None:
     """The first running task past ``limit``, timed from when this process first saw it running."""
     now = time.monotonic()
-    for i in np.flatnonzero(states == _STARTED).tolist():
+    for i in np.flatnonzero(states == STARTED).tolist():
         if now - running_since.setdefault(i, now) > limit:
             return i
     return None

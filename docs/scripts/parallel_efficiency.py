@@ -41,9 +41,10 @@ On ``dask`` the worker count is the cluster's (a ``local`` scheduler starts
 a LocalCluster of one single-threaded worker per usable core). An empty map of K no-op tasks gives the
 per-task overhead on its own.
 Every run's results must be identical (the script checks it). Lending of
-idle workers' cores (process backend) is off for the T1 and penalty runs
-(one core per item by definition) and on for the K-item runs, unless
-``--no-lend``; ``--compare-lending`` adds K-item runs without it.
+idle workers' cores (the process backend, and dask on a ``local`` cluster)
+is off for the T1 and penalty runs (one core per item by definition) and on
+for the K-item runs, unless ``--no-lend``; ``--compare-lending`` adds
+K-item runs without it.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from typing import Any
 
 import numpy as np
 
+from core.backends.dask_cluster import LOCAL, scheduler_address
 from core.costmodel.store import cpu_model
 from core.tasks import map_tasks, parallelism
 from plugins.mfg.common_noise import path_task
@@ -116,8 +118,15 @@ WORKLOADS: dict[str, Callable[[argparse.Namespace], Any]] = {
 
 
 def lending(on: bool) -> None:
-    """The process pool reads this in the calling process at each map."""
+    """The process pool and a local dask cluster read this in the calling process at each map."""
     os.environ["CROSSOVER_LEND_IDLE_CORES"] = "1" if on else "0"
+
+
+def lends(backend: str) -> bool:
+    """Whether the backend lends idle workers' cores: the process pool, and dask on a cluster of this host."""
+    if backend == "dask":
+        return scheduler_address() == LOCAL
+    return backend == "process"
 
 
 def timed_run(workload, indices: Sequence[int], backend: str, options: dict) -> tuple[float, list[tuple]]:
@@ -209,16 +218,17 @@ def main() -> None:
         "workload": args.workload, "K": k, "N": args.N, "Nx": args.Nx, "Nt": args.Nt,
         "empty_map_s": empty, "t1_s": t1.tolist(), "penalties": penalties, "penalty": penalty,
         "identical": bool(identical)}
+    lent = lends(args.backend)
     for lend, rows in runs.items():
         label = "one core per item" if not lend else (
-            "lending idle cores" if args.backend == "process" else "as the backend schedules them")
+            "lending idle cores" if lent else "as the backend schedules them")
         middle = sorted(rows, key=lambda r: r["wall_s"])[len(rows) // 2]
         print(f"K-item runs, {label}: wall {listed(rows, 'wall_s', '{:.2f}')} s (ideal at the loaded speed "
               f"{middle['ideal_s']:.2f} s); efficiency {listed(rows, 'efficiency', '{:.1%}')}; scheduling loss "
               f"{listed(rows, 'scheduling_loss', '{:.1%}')}; busy {listed(rows, 'busy', '{:.1%}')}")
         print(f"  median run: efficiency {middle['efficiency']:.1%} = 1/{middle['penalty']:.3f} (all-core penalty) x "
               f"{1 - middle['scheduling_loss']:.1%} (1 - scheduling loss)")
-        if not lend or args.backend != "process":  # one core per item: the run splits itself, immune to drift
+        if not lend or not lent:  # one core per item: the run splits itself, immune to drift
             print("  in-run split, each run: " + "; ".join(
                 f"1/{r['in_run_penalty']:.3f} x {r['busy']:.1%} (scheduling loss {1 - r['busy']:.1%})" for r in rows))
         summary["lend" if lend else "no_lend"] = rows

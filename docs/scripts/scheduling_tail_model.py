@@ -11,7 +11,7 @@ out of the loss), under four policies:
   order, one core each (a pool or a cluster without lending);
 - ``in order, lending``: the same, but once no item waits, the cores of
   idle workers go to the items still running, the spare ones to those
-  started last (``core.backends.process_pool.cores_for_this_task``). A lent
+  started last (``core.backends.core_lending.cores_for_this_task``). A lent
   core adds ``--lent-efficiency`` of a core's speed (1: perfect; the
   particle kernel's 40 chunks at N = 20,000 and its serial tenth make it
   well below);
