@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,7 +57,8 @@ def backend_for_map(name: str) -> Backend:
 
 def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarray] | None = None,
               seed: int | None = None, labels: Sequence[str] | None = None, backend: str = "process",
-              on_result: ResultCallback | None = None, timeout: float | None = None, **options: Any) -> list[Any]:
+              on_result: ResultCallback | None = None, timeout: float | None = None,
+              warm_up: Callable[[], object] | None = None, **options: Any) -> list[Any]:
     """Run ``fn(task, shared, seed)`` for every task on ``backend``; results in task order.
 
     - ``fn`` must be importable by name (a module-level function), since
@@ -74,6 +75,11 @@ def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarr
       backend enforces it if its ``map`` takes ``timeout`` (the process pool
       does); an explicit ``timeout`` on one that cannot is an error, the
       variable's default a warning.
+    - ``warm_up``: a module-level function that loads what the tasks need in
+      a worker (their compiled kernels). A backend whose ``map`` takes it
+      runs it once in every worker before the first map that names it, so
+      that a map of a few tasks never meets a cold worker (the process pool
+      does: it cannot choose which worker takes a task); others ignore it.
     - ``options`` go to the backend's own ``map`` unchanged (``workers=`` for
       the process pool).
 
@@ -85,7 +91,7 @@ def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarr
     runner = backend_for_map(backend)
     limit = task_timeout(timeout)
     if limit is not None:
-        if _takes_timeout(runner.map):
+        if _takes(runner.map, "timeout"):
             options["timeout"] = limit
         elif timeout is not None:
             raise UnknownBackendError(f"timeout={timeout!r} is invalid with backend {backend!r}: its map cannot "
@@ -93,21 +99,23 @@ def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarr
         else:
             warnings.warn(f"{TIMEOUT_VARIABLE}={limit:g} is not enforced on backend {backend!r}: its map cannot "
                           f"stop a task", RuntimeWarning, stacklevel=2)
+    if warm_up is not None and _takes(runner.map, "warm_up"):
+        options["warm_up"] = warm_up
     return runner.map(fn, tasks, shared=shared, seed=seed, labels=labels, on_result=on_result, **options)
 
 
-def _takes_timeout(mapper: Any) -> bool:
-    """Whether a backend's ``map`` accepts ``timeout`` (third parties' maps written before it existed do not)."""
+def _takes(mapper: Any, name: str) -> bool:
+    """Whether a backend's ``map`` accepts ``name`` (third parties' maps written before it existed do not)."""
     try:
         parameters = inspect.signature(mapper).parameters.values()
     except (TypeError, ValueError):
         return False
-    return any(p.name == "timeout" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def _timing_backends() -> list[str]:
     return [name for name, backend in get_registry().backends.items()
-            if backend.map is not None and _takes_timeout(backend.map)]
+            if backend.map is not None and _takes(backend.map, "timeout")]
 
 
 def parallelism(backend: str) -> int:

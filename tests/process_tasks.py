@@ -126,3 +126,17 @@ def raise_unpicklable(task, shared, seed):
         error.lock = threading.Lock()  # locks cannot be pickled
         raise error
     return value
+
+
+WARM_UPS = 0  # in a worker: how many times warm_up_counter ran there
+
+
+def warm_up_counter():
+    global WARM_UPS
+    WARM_UPS += 1
+    time.sleep(0.05)
+
+
+def pid_and_warm_ups(task, shared, seed):
+    time.sleep(task)
+    return os.getpid(), WARM_UPS

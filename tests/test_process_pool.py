@@ -151,6 +151,22 @@ def test_start_brings_every_worker_up_once():
     assert process_pool.BACKEND.start is process_pool.start_pool
 
 
+def test_a_warm_up_runs_once_in_every_worker_before_the_first_map_that_names_it():
+    process_pool.shutdown()
+    first = process_pool.map_tasks(pt.pid_and_warm_ups, [0.0], workers=2, warm_up=pt.warm_up_counter)
+    assert first[0][1] == 1
+    # whichever worker takes them, every task finds it warmed once: not the one worker the first map used
+    later = process_pool.map_tasks(pt.pid_and_warm_ups, [0.2, 0.2, 0.0, 0.0], workers=2, warm_up=pt.warm_up_counter)
+    executor = process_pool.get_executor(2)
+    assert {pid for pid, _ in later} == {p.pid for p in executor._processes.values()}
+    assert {count for _, count in later} == {1}
+    # the core passes it through to a backend whose map takes it
+    from core import tasks
+
+    again = tasks.map_tasks(pt.pid_and_warm_ups, [0.0, 0.0], backend="process", workers=2, warm_up=pt.warm_up_counter)
+    assert {count for _, count in again} == {1}
+
+
 def test_workers_are_marked_as_pool_workers():
     import os
 

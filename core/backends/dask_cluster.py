@@ -39,6 +39,7 @@ with ``backend="dask"``.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import logging
 import math
@@ -246,6 +247,10 @@ def _start_local_cluster(distributed) -> Any:
     # configuration (and the wisdom fingerprint of the numpy backend), so they are put back
     import dask  # loaded with distributed by now (imported on first use: see the module docstring)
 
+    # closed by us at exit, before distributed's own exit handlers (registered when it was imported, so they
+    # run after this one): left to them, on a 16-core host a worker's heartbeat could meet the closed
+    # scheduler and print a traceback after the caller's last line
+    atexit.register(shutdown)
     before = dict(os.environ)
     workers = local_workers()
     try:

@@ -24,7 +24,7 @@ from core.backends import numba_threads
 from plugins.mfg.coupling import STEPS, picard, picard_batch
 from plugins.mfg.fp import torch_kernel as fp_torch
 from plugins.mfg.hjb import torch_kernel as hjb_torch
-from plugins.mfg.problem import CommonNoiseProblem, FPProblem, HJBProblem, MFGProblem
+from plugins.mfg.problem import PRESETS, CommonNoiseProblem, FPProblem, HJBProblem, MFGProblem
 
 
 def ou_path(problem: CommonNoiseProblem, seed: np.random.SeedSequence | None) -> np.ndarray:
@@ -98,7 +98,15 @@ def solve_parallel(problem: CommonNoiseProblem, *, backend: str) -> dict[str, np
     """
     jobs = [(problem, "numba")] * problem.K
     labels = [f"path {k}" for k in range(problem.K)]
-    return summarize(problem, tasks.map_tasks(path_task, jobs, seed=problem.seed, labels=labels, backend=backend))
+    return summarize(problem, tasks.map_tasks(path_task, jobs, seed=problem.seed, labels=labels, backend=backend,
+                                              warm_up=warm_path_kernels))
+
+
+def warm_path_kernels() -> None:
+    """Load a path's Numba kernels in a worker (from the on-disk cache, or compiled): a tiny path per preset."""
+    for preset in PRESETS:
+        tiny = CommonNoiseProblem(preset=preset, K=1, N=100, Nx=8, Nt=4, max_iter=1)
+        path_task((tiny, "numba"), {}, np.random.SeedSequence(0))
 
 
 def solve_torch(problem: CommonNoiseProblem, *, hjb_device: bool, devices: int | None = None) -> dict[str, np.ndarray]:
