@@ -257,7 +257,9 @@ def _start_local_cluster(distributed) -> Any:
         with dask.config.set(_QUIET_CLUSTER):
             return distributed.LocalCluster(
                 n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                dashboard_address=None, silence_logs=logging.ERROR, preload=[__name__],  # dask_setup, in each worker
+                # CRITICAL: at close a worker's heartbeat can meet the closed scheduler and log an ERROR with a
+                # traceback after the caller's last line; what goes wrong in a task comes back as its error
+                dashboard_address=None, silence_logs=logging.CRITICAL, preload=[__name__],  # dask_setup, in each worker
                 # as in the process pool: Numba's pool sized for the cores a task may be lent (it is sized
                 # once, at import), while each task runs on one thread (_run_batch)
                 env={"NUMBA_NUM_THREADS": str(core_lending.numba_pool_size(workers)), "CROSSOVER_POOL_WORKER": "1"})
