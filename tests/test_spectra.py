@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from plugins.spectra.accuracy import interpolation_error
 from plugins.spectra.model import (
     C_KMS,
     Spectra,
+    corners,
     evaluate,
     interpolate_logflux,
     log_doppler,
@@ -106,6 +108,22 @@ def test_interpolation_is_exact_at_nodes_and_linear_along_an_axis(library):
     mid = params.mean(axis=0, keepdims=True)
     expected = 0.5 * (library.logflux[nodes[0]].astype(np.float64) + library.logflux[nodes[1]])
     assert np.allclose(interpolate_logflux(library, mid, NumpyOps())[0], expected, atol=1e-6)
+
+
+def test_evenly_spaced_axes_find_the_same_cells_as_the_search_for_uneven_ones(library):
+    """The arithmetic cell lookup (every named grid) against the per-axis search a library file may need,
+    inside the grid, on its edges and beyond them (clipped); weights sum to 1 and their slopes to 0."""
+    prep = prepare(NumpyOps(), library, library.wave[500:2500], np.zeros(2000, dtype=int), 2)
+    assert prep.even_axes is not None
+    lower, upper = np.array([a[0] for a in library.axes]), np.array([a[-1] for a in library.axes])
+    theta = np.random.default_rng(4).uniform(lower - 0.1 * (upper - lower), upper + 0.1 * (upper - lower), (200, 4))
+    theta[:4] = [lower, upper, lower + 0.37 * (upper - lower), upper - 1e-9]
+    even = corners(prep, theta, derivatives=True)
+    searched = corners(replace(prep, even_axes=None, constants={}), theta, derivatives=True)
+    for a, b in zip(even, searched):
+        assert np.allclose(a, b, rtol=0, atol=1e-12)
+    assert np.allclose(even[1].sum(axis=1), 1.0, atol=1e-12)
+    assert np.allclose(even[2].sum(axis=1), 0.0, atol=1e-9)
 
 
 def test_interpolation_error_shrinks_with_a_finer_grid():
