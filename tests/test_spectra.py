@@ -436,11 +436,13 @@ def test_the_solver_is_registered_with_its_size_space_and_features():
 
 @pytest.mark.parametrize("n", [1, 2, 5, 6, 9, 63, 255, 257, 4096, 10_001])
 def test_parallel_chunks_are_balanced_and_cover_the_batch(n):
-    """The process backend's tasks: contiguous, covering every spectrum once, at most 64, sizes within one."""
-    from plugins.spectra.solve import chunks
+    """The process backend's tasks: contiguous, covering every spectrum once, sizes within one; at most 64
+    of them unless that would make them larger than MAX_CHUNK spectra."""
+    from plugins.spectra.solve import MAX_CHUNK, chunks
 
     bounds = chunks(n)
     sizes = [stop - start for start, stop in bounds]
     assert bounds[0][0] == 0 and bounds[-1][1] == n and all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
-    assert len(bounds) <= 64 and max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
-    assert len(bounds) == min(64, -(-n // 4))
+    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1 and max(sizes) <= max(4, MAX_CHUNK)
+    assert len(bounds) == max(min(64, -(-n // 4)), -(-n // MAX_CHUNK))
+    assert len(bounds) <= 64 or n > 64 * MAX_CHUNK

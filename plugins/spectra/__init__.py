@@ -21,7 +21,8 @@ from plugins.spectra import work
 from plugins.spectra.model import Spectra
 from plugins.spectra.problem import FULL_PIXELS, SpectraProblem
 
-__version__ = "0.4.0"  # 0.2: the "steps" feature; 0.3: balanced process chunks; 0.4: the CCF start by one product
+__version__ = "0.5.0"  # 0.2: the "steps" feature; 0.3: balanced process chunks; 0.4: the CCF start by one product;
+# 0.5: a fifth of the torch launches per step, process chunks of at most 16 spectra
 # (older timings mismeasure the newer code: a version change recalibrates)
 __all__ = ["Spectra", "SpectraProblem", "fit_spectra"]
 

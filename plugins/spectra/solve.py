@@ -143,11 +143,20 @@ def fit_chunk(task: tuple, shared: Mapping[str, np.ndarray], seed: Any) -> dict[
     return fit_batch(spectra, library, numba_ops(), degree=degree, max_iter=max_iter, tol=tol)
 
 
+MAX_CHUNK = 16  # spectra a task fits at most
+
+
 def chunks(n: int) -> list[tuple[int, int]]:
-    """``ceil(n / 4)`` chunks, at most 64 (enough tasks to balance 16 workers, whatever the pool's size),
-    their sizes differing by at most one: fixed chunks of 4 split 6 spectra 4 + 2, and one of two workers
-    idled for a third of the run (the cost model's span assumes equal tasks)."""
-    count = max(1, min(64, -(-n // 4)))
+    """``ceil(n / 4)`` chunks, at most 64 (enough tasks to balance 16 workers, whatever the pool's size)
+    unless that makes them larger than ``MAX_CHUNK``, their sizes differing by at most one.
+
+    Equal sizes: fixed chunks of 4 split 6 spectra 4 + 2, and one of two workers idled for a third of
+    the run (the cost model's span assumes equal tasks). The cap: 16 workers fitting 64 spectra each
+    (a batch of 4,096) ran 3.6x slower per spectrum than with chunks of 16 (155 against 559 spectra
+    per second on the H200 host, docs/results/gpu-2026-11-26c/9-*); each chunk's working arrays
+    are a few hundred MB at 64 spectra, and 16 of them at once outrun the caches and memory bandwidth.
+    """
+    count = max(1, min(64, -(-n // 4)), -(-n // MAX_CHUNK))
     base, extra = divmod(n, count)
     bounds, start = [], 0
     for index in range(count):
