@@ -545,6 +545,11 @@ def _collect(client: Any, fn: TaskFn, tasks: list, seeds: list, labels: list[str
     remaining, pending = min(slots, len(pending)), pending[slots:]
     while remaining:
         future = _next_finished(client, finished, address, results)
+        if future.status in ("lost", "pending"):
+            # it finished, but its result went with a worker that died before we read it (a map that kills
+            # a worker from on_result met this in CI): Dask computes it again, and it reports here again
+            future.add_done_callback(finished.put)
+            continue
         remaining -= 1
         rows = _rows_of(future, submitted[future], labels, address, results)
         for index, ok, value, _ in rows:
