@@ -27,3 +27,8 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """:func:`atomic_write` of a text (a report, a JSON summary)."""
+    atomic_write(Path(path), lambda target: Path(target).write_text(text))

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from core.atomic import atomic_write
+from core.atomic import atomic_write, atomic_write_text
 from core.backend import safe_free_memory
 from core.costmodel import history, store
 from core.costmodel.design import calibration_design, with_size
@@ -263,6 +263,6 @@ def write_report(solvers: list[str], directory: str | Path) -> list[Path]:
         data = plot(spec, png)
         md = directory / f"{spec.name}.md"
         text = markdown(spec, data)
-        atomic_write(md, lambda target, text=text: Path(target).write_text(text))
+        atomic_write_text(md, text)
         written += [png, md]
     return written

@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 
+from core.atomic import atomic_write_text
 from plugins.mfg.common_noise import solve_torch
 from plugins.mfg.problem import CommonNoiseProblem
 
@@ -88,8 +89,7 @@ def main() -> None:
     summary = {"gpus_visible": visible, "cards": names, "problem": fields, "hjb": args.hjb, "rows": rows}
     print(json.dumps(summary))
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(summary, handle, indent=1)
+        atomic_write_text(args.json, json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ from typing import Any
 
 import numpy as np
 
+from core.atomic import atomic_write_text
 from core.backends.dask_cluster import LOCAL, scheduler_address
 from core.costmodel.store import cpu_model
 from core.tasks import map_tasks, parallelism
@@ -235,8 +236,7 @@ def main() -> None:
     print(f"identical results in every run: {identical}")
     print(json.dumps(summary))
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(summary, handle, indent=1)
+        atomic_write_text(args.json, json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

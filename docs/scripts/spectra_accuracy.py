@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.atomic import atomic_write
+from core.atomic import atomic_write_text
 from plugins.spectra.accuracy import accuracy_run, interpolation_error
 from plugins.spectra.ops import NumpyOps, TorchOps
 from plugins.spectra.solve import fit_batch, numba_ops
@@ -46,10 +46,6 @@ def ops_for(name: str):
     if name == "torch-cpu":
         return TorchOps("cpu"), "lm"
     raise SystemExit(f"--backend {name!r}: must be numpy, numba, torch or torch-cpu")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    atomic_write(path, lambda target: Path(target).write_text(text))
 
 
 def compare(names: list[str], n: int, grid: str) -> dict:
@@ -124,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         generator = Generator(0)
         payload["interpolation"] = {"nodes": GRIDS["realistic"].nodes,
                                     **interpolation_error(named_library("realistic"), generator, n=200)}
-    write_atomic(out / "accuracy.json", json.dumps(payload, indent=1))
-    write_atomic(out / "accuracy.md", markdown(payload))
+    atomic_write_text(out / "accuracy.json", json.dumps(payload, indent=1))
+    atomic_write_text(out / "accuracy.md", markdown(payload))
     print(markdown(payload))
     return 0
 

@@ -28,16 +28,12 @@ from pathlib import Path
 import numpy as np
 
 import core
-from core.atomic import atomic_write
+from core.atomic import atomic_write_text
 from plugins.spectra import work
 from plugins.spectra.model import Spectra
 from plugins.spectra.problem import SpectraProblem
 from plugins.spectra.synth import synthetic_spectra
 from plugins.spectra.templates import named_library
-
-
-def write_atomic(path: Path, text: str) -> None:
-    atomic_write(path, lambda target: Path(target).write_text(text))
 
 
 def machine() -> str:
@@ -170,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"machine": machine(), "grid": args.grid, "nodes": library.nodes, "pixels": spectra.n_pixels,
                "snr": args.snr, "cpus": os.cpu_count(), "python": sys.version.split()[0], "results": results,
                "crossover_torch_over_process": crossover(results, "torch", "process")}
-    write_atomic(out / "throughput.json", json.dumps(payload, indent=1))
-    write_atomic(out / "throughput.md", markdown(payload))
+    atomic_write_text(out / "throughput.json", json.dumps(payload, indent=1))
+    atomic_write_text(out / "throughput.md", markdown(payload))
     log(markdown(payload))
     return 0
 

@@ -30,6 +30,7 @@ import os
 import statistics
 import time
 
+from core.atomic import atomic_write_text
 from core.backends import dask_cluster
 from core.costmodel import history
 from core.costmodel.store import cpu_model
@@ -89,8 +90,7 @@ def main() -> None:
                "sleep_map_s": sleeps, "round_trip_s": round_trip, "efficiency": efficiency}
     print(json.dumps(summary))
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(summary, handle, indent=1)
+        atomic_write_text(args.json, json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

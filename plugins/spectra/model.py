@@ -312,11 +312,6 @@ def rotation_kernel(prep: Prepared, vsini: Any, half: int) -> Any:
     return rising + falling
 
 
-def rotation_kernel_derivative(prep: Prepared, vsini: Any, half: int, h: float = 0.5) -> Any:
-    """d kernel / d vsini by a central difference (one-sided at vsini < h): the kernel is tiny, this is cheap."""
-    return rotation_kernels(prep, vsini, half, True, h)[1]
-
-
 def rotation_kernels(prep: Prepared, vsini: Any, half: int, derivative: bool, h: float = 0.5) -> tuple[Any, Any]:
     """The kernel and, with ``derivative``, d kernel / d vsini (a central difference, one-sided at vsini < h).
 
