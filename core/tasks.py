@@ -33,6 +33,7 @@ from core.seeded_tasks import (
     task_seeds,
     task_timeout,
 )
+from core.validation import fail
 
 __all__ = ["ResultCallback", "TaskFn", "backend_for_map", "map_tasks", "mapping_backends", "parallelism",
            "readonly_views", "run_serially", "task_labels", "task_seeds", "task_timeout"]
@@ -88,6 +89,8 @@ def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarr
     keep the finished results. An unknown backend, one without a ``map``, or
     one unavailable here raises before any task runs.
     """
+    if warm_up is not None and not callable(warm_up):
+        raise fail("warm_up", warm_up, "must be a module-level function taking no arguments, or None")
     runner = backend_for_map(backend)
     limit = task_timeout(timeout)
     if limit is not None:

@@ -220,3 +220,10 @@ def test_readme_taste_runs_as_a_script_and_calibrates_every_backend(tmp_path, em
     assert "process" in expected
     modelled = {backend_of(key) for key, p in plan.predictions.items() if p.status != "uncalibrated"}
     assert expected <= modelled, {key: p.status for key, p in plan.predictions.items()}
+
+
+def test_a_warm_up_that_is_not_a_function_is_named_before_any_task_runs():
+    from core import ProblemError, tasks
+
+    with pytest.raises(ProblemError, match=r"warm_up=.*is invalid: must be a module-level function"):
+        tasks.map_tasks(pt.pid_and_warm_ups, [0.0], backend="process", workers=2, warm_up="numba")
