@@ -265,6 +265,24 @@ def test_the_design_identifies_every_feature(clean):
     assert max(p.n for p in held_out) > 1e6  # some beyond the top of the space
 
 
+def _seven_features(p):
+    n, m = float(p.n), float(p.m)
+    return {"n": n, "m": m, "nm": n * m, "nm2": n * m * m, "n2": n * n, "sqrt_n": n ** 0.5, "log_m": math.log1p(m)}
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_the_design_has_three_problems_per_coefficient_of_the_largest_model(clean, parallel):
+    from core.costmodel.design import MAX_POINTS, calibration_design, model_coefficients
+
+    more = {"parallel_tasks": lambda p: 4.0, "span_feature": "nm"} if parallel else {}
+    (spec,) = _install(_spec("synthetic.wide", {"serial": _echo}, features=_seven_features, **more))
+    # seven features and the intercept, and a pool model's span on top: a 16-point cap gave such a
+    # model under two problems per coefficient
+    assert model_coefficients(spec) == 8 + parallel
+    design = calibration_design(spec, quick=True)
+    assert MAX_POINTS[True] >= len(design) >= 3 * (8 + parallel)
+
+
 def test_a_loop_tiers_up_in_the_background(clean, monkeypatch):
     from core.costmodel import warmup
 

@@ -37,7 +37,13 @@ from core.solver import SizeSpace, SolverSpec, try_problem
 
 AXIS_POINTS = {True: 4, False: 6}
 MIN_POINTS = {True: 10, False: 16}
-MAX_POINTS = {True: 16, False: 32}
+# The cap must leave room for three points per coefficient of the largest model: at 16, spectra.fit's and
+# mfg.common_noise's pool models (9 and 10 coefficients) got 1.6-1.8 points each, their leave-one-out error
+# was 40-50 %, and on the 2-core VM the models' pick missed by 27-52 % in some runs. The calibration budget,
+# not this cap, bounds the time: the design is measured cheapest first and stops where the budget does.
+MAX_POINTS = {True: 32, False: 48}
+# where the space cannot reach full rank (a feature it never moves), filling on past this helps no model
+RANK_SEARCH_POINTS = {True: 16, False: 32}
 # three problems per coefficient: with two, ml.linreg's five-coefficient numba:threads model, fitted on 10
 # samples of an H100 host, mispredicted held-out problems by up to 2.4x
 POINTS_PER_COEFFICIENT = 3
@@ -100,6 +106,12 @@ def _cost_order(spec: SolverSpec, problems: list) -> list:
     return [problems[i] for i in np.argsort(cost, kind="stable")]
 
 
+def model_coefficients(spec: SolverSpec) -> int:
+    """Coefficients of the solver's largest model: its features, the intercept, and a parallel backend's span."""
+    spans = 1 if spec.parallel_tasks is not None and spec.span_feature is not None else 0
+    return len(spec.features(spec.default_problem())) + 1 + spans
+
+
 def calibration_design(spec: SolverSpec, quick: bool = True) -> list:
     """The problems calibration measures: the ladder override, or a design from the size space."""
     if spec.ladder is not None:
@@ -113,8 +125,8 @@ def calibration_design(spec: SolverSpec, quick: bool = True) -> list:
             candidates.append(_params(spec, space, {**half, spec.size_axis: unit}, middle))
     candidates.append(_params(spec, space, dict.fromkeys(space.ranges, 0.0), middle))
     candidates.append(_params(spec, space, dict.fromkeys(space.ranges, 1.0), middle))
-    coefficients = len(spec.features(spec.default_problem())) + 1
-    wanted = min(max(MIN_POINTS[quick], POINTS_PER_COEFFICIENT * coefficients), MAX_POINTS[quick])
+    features = len(spec.features(spec.default_problem())) + 1  # the rank the solver's own features can reach
+    wanted = min(max(MIN_POINTS[quick], POINTS_PER_COEFFICIENT * model_coefficients(spec)), MAX_POINTS[quick])
     problems, seen = [], set()
     filler = iter(_halton_params(spec, space, 4 * MAX_POINTS[quick], seed=0))
     while True:
@@ -126,10 +138,10 @@ def calibration_design(spec: SolverSpec, quick: bool = True) -> list:
             problem = try_problem(spec, params)
             if problem is not None:
                 problems.append(problem)
-        if len(problems) >= wanted and _rank(spec, problems) >= coefficients:
+        if len(problems) >= wanted and _rank(spec, problems) >= features:
             break
         candidates = [params for params in (next(filler, None),) if params is not None]
-        if not candidates or len(problems) >= MAX_POINTS[quick]:
+        if not candidates or len(problems) >= max(wanted, RANK_SEARCH_POINTS[quick]):
             break
     return _cost_order(spec, problems)
 
