@@ -46,6 +46,8 @@ class EvaluationRow:
     confident: bool = True
     auto: str = ""  # what a repeated solve runs: the model's pick, or the fastest close candidate when unsure
     auto_regret: float = 0.0
+    # what each model predicted (seconds, and its status), to tell a model's miss from a timing's
+    predicted: dict[str, tuple[float | None, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -157,5 +159,7 @@ def evaluate(solver: str, quick: bool = True, repeats: int = 3, count: int = 12,
                                          chosen=decision.backend, best=best,
                                          regret=seconds[decision.backend] / seconds[best] - 1,
                                          confident=decision.confident, auto=auto,
-                                         auto_regret=seconds[auto] / seconds[best] - 1))
+                                         auto_regret=seconds[auto] / seconds[best] - 1,
+                                         predicted={key: (decision.predictions[key].seconds,
+                                                          decision.predictions[key].status) for key in seconds}))
     return report
