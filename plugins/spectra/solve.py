@@ -136,7 +136,7 @@ def fit_chunk(task: tuple, shared: Mapping[str, np.ndarray], seed: Any) -> dict[
     from core.backends import numba_threads
 
     start, stop, grid, degree, max_iter, tol, names = task
-    numba_threads.use_idle_cores()
+    numba_threads.use_idle_cores(stop - start)  # the threads share the chunk's spectra
     spectra = Spectra(wave=shared["wave"], arm=shared["arm"], flux=shared["flux"][start:stop],
                       ivar=shared["ivar"][start:stop], targetid=shared["targetid"][start:stop], arm_names=names)
     library = SpectraProblem(n_spectra=1, grid=grid, spectra=spectra).library()

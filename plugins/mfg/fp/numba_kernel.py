@@ -201,7 +201,7 @@ def solve_particles(problem, U: np.ndarray | None = None, *, fused: bool) -> dic
     if fused and all_steps_unsupported(problem):
         raise ValueError(f"the all-steps numba kernel cannot run this problem: {all_steps_unsupported(problem)}")
     U = problem.U if U is None else U
-    use_idle_cores()  # in a pool task (common noise, sweeps): the idle workers' cores, if any
+    use_idle_cores(layout.lent_threads_worth(problem.N))  # in a pool task: idle workers' cores, if worth it
     positions, states = starting_state(problem)
     drift = drift_table(problem, U)
     chunk = layout.chunk_size(problem.N)
