@@ -125,3 +125,43 @@ def test_a_first_run_s_compilation_is_not_charged_to_the_calibration_budget(fres
     [row] = report.backends
     assert row.one_off_seconds >= 1.4
     assert row.samples >= 8 and row.stopped == "design done", (row.samples, row.stopped)
+
+
+_CALLS: dict[int, int] = {}
+
+
+def _slow_while_first_measured(problem):
+    """20 ms for a problem's first four runs (the first round's warm-up and three timed runs), then 10 ms."""
+    import time as clock
+
+    _CALLS[problem.n] = _CALLS.get(problem.n, 0) + 1
+    clock.sleep(0.02 if _CALLS[problem.n] <= 4 else 0.01)
+    return {"total": float(problem.n)}
+
+
+def test_a_sample_keeps_the_faster_of_two_rounds_a_design_apart(fresh_registry, empty_cache):
+    """A slow spell of a shared machine lasts seconds: it must not set a sample whose second round ran at speed."""
+    from dataclasses import dataclass
+
+    import core
+    from core.costmodel import calibrate, history
+    from core.solver import SizeSpace
+
+    @dataclass(frozen=True)
+    class Tiny:
+        n: int = 1000
+
+    plugin = type("Spelled", (), {})()
+    plugin.crossover_solvers = core.hookimpl(lambda: [core.SolverSpec(
+        name="spell.tiny", problem_type=Tiny, implementations={"numpy": _slow_while_first_measured},
+        features=lambda p: {"n": float(p.n)}, size_axis="n",
+        space=lambda quick: SizeSpace(ranges={"n": (1_000, 1_000_000)}),
+        memory=lambda p, b: 8.0 * p.n, default_problem=Tiny)])
+    core.register(plugin, name="spell")
+    _CALLS.clear()
+    spec = core.solvers()["spell.tiny"]
+    report = calibrate.calibrate_solver(spec, quick=True, budget=20.0, backends=["numpy"])
+    [row] = report.backends
+    assert calibrate.ROUNDS == 2 and row.remeasured == row.samples >= 8
+    seconds = [sample.seconds for sample in history.samples(spec, "numpy")]
+    assert len(seconds) == row.samples and max(seconds) < 0.015, seconds  # 10 ms runs, not the first round's 20

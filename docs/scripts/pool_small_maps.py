@@ -12,17 +12,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from core.atomic import atomic_write_text  # noqa: E402
-from core.backends.core_lending import LEND_VARIABLE  # noqa: E402
-from core.costmodel.calibrate import measure  # noqa: E402
-from core.registry import get_solver  # noqa: E402
-from plugins.mfg.problem import CommonNoiseProblem  # noqa: E402
+from core.atomic import atomic_write_text
+from core.backends.core_lending import LEND_VARIABLE
+from core.costmodel.calibrate import measure
+from core.costmodel.store import cpu_model
+from core.registry import get_solver
+from plugins.mfg.problem import CommonNoiseProblem
 
 SHAPES = {"short": {"N": 366, "Nx": 35, "Nt": 8, "max_iter": 5, "preset": "towel_beach"},
           "long": {"N": 742, "Nx": 32, "Nt": 23, "max_iter": 2, "preset": "lq"}}
@@ -49,7 +49,7 @@ def main() -> None:
         for shape, k, problem in cases:
             for name, (key, lend) in VARIANTS.items():
                 best[shape, k, name] = min(best[shape, k, name], timed(spec, key, problem, lend))
-    lines = [f"# Short maps on the pool, {platform.node()} ({os.cpu_count()} CPUs)", "",
+    lines = [f"# Short maps on the pool, {cpu_model()} ({os.cpu_count()} CPUs)", "",
              "| shape | K | " + " | ".join(VARIANTS) + " |", "|---|---:|" + "---:|" * len(VARIANTS)]
     for shape, k, _ in cases:
         lines.append(f"| {shape} | {k} | " + " | ".join(f"{best[shape, k, n] * 1e3:.2f} ms" for n in VARIANTS) + " |")
