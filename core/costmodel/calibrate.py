@@ -12,16 +12,6 @@ that a budget that runs out leaves every backend with the same coverage
 (none is starved by a slow neighbour). An implementation skips a problem
 that its partial model predicts to take longer than the per-sample cap,
 and skips problems it does not support or whose memory does not fit.
-
-Then, while the budget lasts, a **second round** measures every sample's
-problem again, in the same order, and the sample keeps the faster of its
-two medians. A shared machine has slow spells that last seconds, longer
-than one sample: on the 2-core VM the same design point of
-mfg.common_noise, calibrated in three runs minutes apart, differed by a
-factor of up to 1.77, and two nearly tied backends' models then ranked
-them by the spells. The rounds lie a whole design apart, so a spell rarely
-slows both; the better one is the machine's speed, which is what
-``evaluate`` times too (the best of its rounds).
 """
 
 from __future__ import annotations
@@ -45,9 +35,8 @@ from core.solver import SolverSpec, backend_of
 
 log = logging.getLogger("crossover")
 
-QUICK = {"budget": 40.0, "sample_cap": 0.5, "repeats": 3}
+QUICK = {"budget": 25.0, "sample_cap": 0.5, "repeats": 3}
 FULL = {"budget": 600.0, "sample_cap": 30.0, "repeats": 5}
-ROUNDS = 2  # each sample is the faster of this many medians, taken a whole design apart (budget allowing)
 
 # Backends whose runtimes keep their worker threads spinning for a while after a call returns: OpenBLAS
 # behind NumPy (about 2**28 cycles, ~0.1 s) and PyTorch's OpenMP pool. An implementation timed right
@@ -69,7 +58,6 @@ class BackendCalibration:
     seconds_spent: float = 0.0
     stopped: str = "design done"
     skipped: int = 0
-    remeasured: int = 0  # samples measured in every round (the rest: the budget ran out first)
 
 
 class CalibrationInterrupted(KeyboardInterrupt):
@@ -147,7 +135,6 @@ class _Climb:
     records: list[dict[str, Any]] = field(default_factory=list)
     capped: bool = False
     done: bool = False
-    measured: dict[int, dict[str, Any]] = field(default_factory=dict)  # design index -> its record
 
     def predicted(self, spec: SolverSpec, problem: Any) -> float | None:
         names = feature_names(spec, self.row.backend)
@@ -170,7 +157,7 @@ def calibrate_solver(spec: SolverSpec, *, quick: bool = True, budget: float | No
     began = time.perf_counter()
     climbs = [_Climb(BackendCalibration(name)) for name in names]
     report.backends = [climb.row for climb in climbs]
-    bar, task = _progress(progress, f"calibrating {spec.name}", ROUNDS * len(names) * len(design))
+    bar, task = _progress(progress, f"calibrating {spec.name}", len(names) * len(design))
     interrupted = False
     try:
         for climb in climbs:
@@ -185,23 +172,16 @@ def calibrate_solver(spec: SolverSpec, *, quick: bool = True, budget: float | No
         # the budget is for samples: starting backends is their one-off, and the quiet pauses are not samples
         # (charged, they cost the quick calibration of spectra.fit a fifth of its 25 s and design points)
         started, paused_before = time.perf_counter(), _paused[0]
-
-        def out_of_budget() -> bool:
-            return _sample_seconds(started, paused_before, climbs) > budget
-
-        for index, problem in enumerate(design):
+        for problem in design:
             for climb in climbs:
                 if bar is not None:
                     bar.advance(task)
                 if climb.done:
                     continue
-                if out_of_budget():
+                if _sample_seconds(started, paused_before, climbs) > budget:
                     climb.row.stopped, climb.done = f"budget of {budget:g} s spent", True
                     continue
-                _measure_one(spec, problem, index, climb, sample_cap, settings["repeats"], first_run)
-        for _ in range(ROUNDS - 1):
-            _measure_again(spec, design, climbs, settings["repeats"], out_of_budget,
-                           (lambda: bar.advance(task)) if bar is not None else (lambda: None))
+                _measure_one(spec, problem, climb, sample_cap, settings["repeats"], first_run)
     except KeyboardInterrupt:  # Ctrl-C: store what was measured below, then stop
         interrupted = True
     finally:
@@ -227,32 +207,7 @@ def _sample_seconds(started: float, paused_before: float, climbs: list[_Climb]) 
     return time.perf_counter() - started - (_paused[0] - paused_before) - one_offs
 
 
-def _measure_again(spec: SolverSpec, design: list, climbs: list[_Climb], repeats: int,
-                   out_of_budget: Callable[[], bool], advance: Callable[[], None]) -> None:
-    """Another round over the measured samples, in design order: each keeps the faster of its medians."""
-    for climb in climbs:
-        climb.row.remeasured = 0
-    for index, problem in enumerate(design):
-        for climb in climbs:
-            advance()
-            record = climb.measured.get(index)
-            if record is None or climb.row.stopped.startswith("failed"):
-                continue
-            if out_of_budget():
-                return
-            began = time.perf_counter()
-            try:
-                seconds = measure(spec, climb.row.backend, problem, repeats)[1]
-            except (Exception, SystemExit) as exc:  # keep the first round's samples, and say why
-                climb.row.stopped = f"failed in a later round: {type(exc).__name__}: {exc}"
-                continue
-            finally:
-                climb.row.seconds_spent += time.perf_counter() - began
-            record["seconds"] = min(record["seconds"], seconds)
-            climb.row.remeasured += 1
-
-
-def _measure_one(spec: SolverSpec, problem: Any, index: int, climb: _Climb, sample_cap: float, repeats: int,
+def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: float, repeats: int,
                  first_run: dict[str, bool]) -> None:
     key = climb.row.backend
     why = exclusion(spec, problem, key)
@@ -283,7 +238,6 @@ def _measure_one(spec: SolverSpec, problem: Any, index: int, climb: _Climb, samp
         climb.row.one_off_seconds = max(0.0, warm_up - seconds)
     history.mark_paid(spec, key, problem)
     climb.records.append(history.sample_record(spec, key, problem, seconds, "calibration"))
-    climb.measured[index] = climb.records[-1]
     if seconds > sample_cap:
         climb.capped = True
         climb.row.stopped = f"skips problems predicted above the {sample_cap:g} s cap"
