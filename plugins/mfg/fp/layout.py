@@ -26,10 +26,11 @@ def chunk_size(n: int) -> int:
 
 
 # Particles a lent thread needs to pay for waking it (core_lending): on the 2-core VM, paths of 2,000
-# particles ran 24 % slower on 2 lent threads than on 1, 5,000 broke even, 20,000 ran 15 % faster. At
-# 4,096 a 20,000-particle sweep point's last task took at most 4 of 16 idle cores, and the 16-worker
-# cluster's scheduling loss rose from 3-5 % to 8-11 % (docs/cluster.md)
-PARTICLES_PER_LENT_THREAD = 2048
+# particles ran 24 % slower on 2 lent threads than on 1, 5,000 broke even, 20,000 ran 15 % faster. No
+# more threads than chunks either: a 366-particle path (one chunk) on 8 lent threads of the H200 host
+# took 3x its time on one. At 4,096 particles a thread, a 20,000-particle sweep point's last task took
+# at most 4 of 16 idle cores, and the 16-worker cluster's scheduling loss rose from 3-5 % to 8-14 %
+PARTICLES_PER_LENT_THREAD = 1024
 
 
 def lent_threads_worth(n: int) -> int:
