@@ -332,10 +332,3 @@ def test_planning_and_evaluation_arguments_are_checked(clean, call, message):
         call()
     assert str(caught.value) == message
 
-
-def test_evaluation_times_again_the_implementations_that_decide_a_regret():
-    from core.costmodel.evaluate import CONTENDER_RATIO, _contenders
-
-    seconds = {"serial": 1.0, "pool": 1.2, "device": 3.0, "slow": 1.0 * CONTENDER_RATIO * 1.01}
-    assert _contenders(seconds, "serial") == ["serial", "pool"]
-    assert _contenders(seconds, "device") == ["serial", "pool", "device"]  # the pick, however slow

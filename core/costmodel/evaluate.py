@@ -89,12 +89,6 @@ def _params(problem: Any, fields: list[str]) -> dict[str, Any]:
 
 
 ROUNDS = 3
-# then, for each problem, this many more rounds of its contenders: the implementations within
-# CONTENDER_RATIO of its best, and the models' pick. Where two run within 20 % of each other, one
-# round's slow spell decides the regret: on the 2-core VM the same numba solve's best of three
-# rounds was 9.2 ms in one run and 11.8 ms in the next.
-CONTENDER_ROUNDS = 2
-CONTENDER_RATIO = 1.5
 SETTLE_SECONDS = 0.3
 
 
@@ -136,12 +130,6 @@ def best_of_rounds(spec: Any, cases: list[tuple[Any, list[str]]], repeats: int,
     return best
 
 
-def _contenders(seconds: dict[str, float], chosen: str) -> list[str]:
-    """The implementations whose time decides a problem's regret: the pick, and those near the best."""
-    best = min(seconds.values())
-    return [key for key, value in seconds.items() if key == chosen or value <= CONTENDER_RATIO * best]
-
-
 def evaluate(solver: str, quick: bool = True, repeats: int = 3, count: int = 12, seed: int = 2024) -> Evaluation:
     """Time every runnable implementation on held-out problems and score the models' choice."""
     spec = get_solver(solver)
@@ -160,13 +148,7 @@ def evaluate(solver: str, quick: bool = True, repeats: int = 3, count: int = 12,
         settled.update(runnable)
         cases.append((problem, runnable))
         decisions.append(decision)
-    timings = best_of_rounds(spec, cases, repeats)
-    contenders = [(problem, _contenders(seconds, decision.backend))
-                  for (problem, _), decision, seconds in zip(cases, decisions, timings)]
-    for seconds, again in zip(timings, best_of_rounds(spec, contenders, repeats, rounds=CONTENDER_ROUNDS)):
-        for key, value in again.items():
-            seconds[key] = min(seconds[key], value)
-    for (problem, _), decision, seconds in zip(cases, decisions, timings):
+    for (problem, _), decision, seconds in zip(cases, decisions, best_of_rounds(spec, cases, repeats)):
         best = min(seconds, key=seconds.get)
         # everything here is warm, so a repeated solve would measure every close candidate
         close = [key for key in decision.close if key in seconds] if not decision.confident else []
