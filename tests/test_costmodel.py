@@ -125,4 +125,3 @@ def test_a_first_run_s_compilation_is_not_charged_to_the_calibration_budget(fres
     [row] = report.backends
     assert row.one_off_seconds >= 1.4
     assert row.samples >= 8 and row.stopped == "design done", (row.samples, row.stopped)
-

@@ -64,8 +64,10 @@ def use_idle_cores(worth_threads: int | None = None) -> int:
 
     cores = cores_for_this_task()
     if cores is not None:
-        limit = numba.config.NUMBA_NUM_THREADS if worth_threads is None else max(1, int(worth_threads))
-        numba.set_num_threads(min(cores, numba.config.NUMBA_NUM_THREADS, limit))
+        allowed = min(cores, numba.config.NUMBA_NUM_THREADS)
+        if worth_threads is not None:
+            allowed = min(allowed, max(1, int(worth_threads)))
+        numba.set_num_threads(allowed)
     return int(numba.get_num_threads())
 
 
