@@ -41,6 +41,10 @@ class Backend:
     :func:`core.tasks.map_tasks` less ``backend``, and ``parallelism()``,
     how many tasks it runs at once; :func:`core.tasks.map_tasks` dispatches
     to it, so plugins never import a backend's module.
+
+    A backend whose kernels run on a thread pool in this process gives
+    ``threads()``, the pool's size: the span of an implementation whose
+    kernels share items among those threads comes from it.
     """
 
     name: str
@@ -52,6 +56,7 @@ class Backend:
     start: Callable[[], None] | None = None
     map: Callable[..., list] | None = None
     parallelism: Callable[[], int] | None = None
+    threads: Callable[[], int] | None = None
 
 
 def safe_probe(backend: Backend) -> Availability:

@@ -97,6 +97,10 @@ class SolverSpec:
       backend runs; the core adds the span feature from it (see
       ``core.costmodel.fit.model_features``), so plugins never read a pool's size.
     - ``span_feature``: the feature shared evenly by those tasks.
+    - ``thread_items``: implementation key -> ``fn(problem)``, how many equal
+      items that implementation's kernels share among its backend's threads
+      (spectra parallel over spectra); its model gets the span over the
+      backend's ``threads()`` in the same way. Needs ``span_feature``.
     - ``work_done(problem, outputs)``: the features of the work a finished
       solve really did, where that is known only afterwards (iterations to
       converge); a real solve's history sample uses it instead of ``features``.
@@ -120,6 +124,7 @@ class SolverSpec:
     parallel: Callable[..., Outputs] | None = None
     parallel_tasks: Callable[[Any], float] | None = None
     span_feature: str | None = None
+    thread_items: Mapping[str, Callable[[Any], float]] = field(default_factory=dict)
     compile_key: Callable[[Any, str], Hashable] | None = None
     work_done: Callable[[Any, Outputs], Mapping[str, float]] | None = None
     summarize: Callable[[Any, Outputs], str] = field(default=lambda problem, outputs: f"{len(outputs)} outputs")
@@ -190,6 +195,11 @@ def check_spec(spec: object, plugin_name: str) -> SolverSpec:
         raise PluginError(f"{where} span_feature {spec.span_feature!r} is not one of its features")
     if (spec.span_feature is None) != (spec.parallel_tasks is None):
         raise PluginError(f"{where} must declare parallel_tasks and span_feature together")
+    unknown = sorted(set(spec.thread_items) - set(spec.implementations))
+    if unknown:
+        raise PluginError(f"{where} thread_items names {', '.join(unknown)}, which are not its implementations")
+    if spec.thread_items and spec.span_feature is None:
+        raise PluginError(f"{where} thread_items needs a span_feature, the work the threads share")
     return spec
 
 

@@ -45,7 +45,7 @@ from core.errors import BackendUnavailableError, ProblemError, TaskFailedError, 
 from core.running import forget_probes
 from core.solver import problem_from_params
 from core.sweep import sweep
-from plugins.mfg.fp.layout import PARTICLES_PER_LENT_THREAD
+from plugins.mfg.fp.layout import PARTICLES_PER_THREAD
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_NOISE = {"preset": "lq", "K": 3, "N": 300, "Nx": 21, "Nt": 5, "max_iter": 2}
@@ -246,7 +246,7 @@ def test_lent_cores_change_no_result(local_cluster, monkeypatch):
     # other task is done (so on both workers' cores), equals the same path on one core and here;
     # it has particles enough for two threads (a smaller one keeps one: see the next test)
     problem = problem_from_params(core.solvers()["mfg.common_noise"],
-                                  {**SMALL_NOISE, "N": 2 * PARTICLES_PER_LENT_THREAD})
+                                  {**SMALL_NOISE, "N": 2 * PARTICLES_PER_THREAD})
     lent = tasks.map_tasks(dask_targets.path_when_alone, [(problem, False), (problem, True)], seed=5,
                            backend="dask")
     monkeypatch.setenv("CROSSOVER_LEND_IDLE_CORES", "0")
@@ -262,7 +262,7 @@ def test_lent_cores_change_no_result(local_cluster, monkeypatch):
 def test_a_path_too_small_to_pay_for_a_lent_thread_keeps_one(local_cluster):
     # waking a lent thread costs more than a few thousand particles' kernels gain (docs/mfg.md)
     problem = problem_from_params(core.solvers()["mfg.common_noise"], SMALL_NOISE)
-    assert problem.N < PARTICLES_PER_LENT_THREAD
+    assert problem.N < PARTICLES_PER_THREAD
     lent = tasks.map_tasks(dask_targets.path_when_alone, [(problem, False), (problem, True)], seed=5,
                            backend="dask")
     assert [threads for _, threads in lent] == [1, 1]

@@ -283,6 +283,21 @@ def test_the_design_has_three_problems_per_coefficient_of_the_largest_model(clea
     assert MAX_POINTS[True] >= len(design) >= 3 * (8 + parallel)
 
 
+def test_a_threaded_implementation_gets_the_span_over_its_backends_threads():
+    from core.costmodel.features import SPAN, model_features, threads
+    from plugins.spectra.problem import SpectraProblem
+
+    spec = core.solvers()["spectra.fit"]
+    pool = threads("numba:threads")
+    assert pool is not None and pool >= 1
+    for n in sorted({1, 2, pool, pool + 1, 3 * pool + 1}):
+        features = model_features(spec, SpectraProblem(n_spectra=n, n_pixels=1000, max_iter=2), "numba:threads")
+        # each thread fits ceil(n / threads) of the batch's spectra, one after the other
+        per_spectrum = features[spec.span_feature] / n
+        assert features[SPAN] == pytest.approx(per_spectrum * math.ceil(n / pool))
+        assert SPAN not in model_features(spec, SpectraProblem(n_spectra=n, n_pixels=1000), "numba:serial")
+
+
 def test_a_loop_tiers_up_in_the_background(clean, monkeypatch):
     from core.costmodel import warmup
 

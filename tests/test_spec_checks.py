@@ -66,6 +66,10 @@ def test_a_good_spec_passes():
     ({"implementations": {"Numba-Fast": lambda p: {}}},
      "plugin 'tp': solver 'thirdparty.job' implementation key 'Numba-Fast' must be 'backend' or 'backend:variant' "
      "(lower case)"),
+    ({"thread_items": {"numba:threads": lambda p: 1.0}},
+     "plugin 'tp': solver 'thirdparty.job' thread_items names numba:threads, which are not its implementations"),
+    ({"thread_items": {"numpy": lambda p: 1.0}},
+     "plugin 'tp': solver 'thirdparty.job' thread_items needs a span_feature, the work the threads share"),
 ])
 def test_a_broken_spec_is_refused_with_a_clear_message(changes, message):
     with pytest.raises(PluginError) as caught:

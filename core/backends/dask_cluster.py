@@ -233,7 +233,14 @@ def get_client() -> Any:
 # stacks every 10 ms, and every server checks its event loop every 20 ms. Left on, an idle 16-worker cluster
 # burned 58 % of a core of the 2-core VM (46 % in the workers, 12 % in this process, which hosts the
 # scheduler and the nannies), and about 20 % with them off; 2 workers 14 % and 4 %.
-_QUIET_CLUSTER = {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s"}
+#
+# A worker-saturation of 1.0: the scheduler keeps a map's waiting tasks until a worker's thread is free. At
+# Dask's default of 1.1, a one-thread worker holds a second task behind its running one; at the end of a
+# map some workers went idle while others still held a waiting task, and no core can be lent while a task
+# waits (core_lending), so the 16-worker cluster's 64-point sweep lost 5-8 % to scheduling where the
+# process pool, which hands out a task only to a free worker, lost under 1 %.
+_LOCAL_CLUSTER_CONFIG = {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s",
+                         "distributed.scheduler.worker-saturation": 1.0}
 
 
 def _start_local_cluster(distributed) -> Any:
@@ -254,7 +261,7 @@ def _start_local_cluster(distributed) -> Any:
     before = dict(os.environ)
     workers = local_workers()
     try:
-        with dask.config.set(_QUIET_CLUSTER):
+        with dask.config.set(_LOCAL_CLUSTER_CONFIG):
             return distributed.LocalCluster(
                 n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
                 # CRITICAL: at close a worker's heartbeat can meet the closed scheduler and log an ERROR with a

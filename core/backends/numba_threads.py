@@ -151,4 +151,5 @@ BACKEND = Backend(
     simplicity=10,
     free_memory=host_free_memory,
     start=start,
+    threads=pool_size,
 )

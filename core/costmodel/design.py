@@ -108,7 +108,7 @@ def _cost_order(spec: SolverSpec, problems: list) -> list:
 
 def model_coefficients(spec: SolverSpec) -> int:
     """Coefficients of the solver's largest model: its features, the intercept, and a parallel backend's span."""
-    spans = 1 if spec.parallel_tasks is not None and spec.span_feature is not None else 0
+    spans = 1 if spec.span_feature is not None and (spec.parallel_tasks is not None or spec.thread_items) else 0
     return len(spec.features(spec.default_problem())) + 1 + spans
 
 

@@ -6,11 +6,15 @@ the share of the work that the busiest worker does,
     span = work * ceil(tasks / parallelism) / tasks
 
 since a pool of W workers running T equal tasks waits for ceil(T / W) of
-them in a row. On a cluster each of those rounds also pays a scheduler round
-trip, so its models have a ``rounds`` feature, ceil(T / W), as well. The
-core derives both from the backend's ``parallelism()``, so a plugin declares
-only how many tasks it splits into and which feature they share, and never
-reads a pool's size.
+them in a row. An implementation whose kernels share T items among its
+backend's threads (``SolverSpec.thread_items``) gets the same span, with
+W the thread pool's size: a batch of 2 spectra on 16 threads costs about
+what one spectrum costs, which no feature linear in the batch can say.
+On a cluster each round of tasks also pays a scheduler round trip, so its
+models have a ``rounds`` feature, ceil(T / W), as well. The core derives
+W from the backend's ``parallelism()`` or ``threads()``, so a plugin
+declares only how many tasks or items it splits into and which feature they
+share, and never reads a pool's size.
 """
 
 from __future__ import annotations
@@ -37,22 +41,40 @@ def parallelism(implementation: str) -> int | None:
     return max(1, int(backend.parallelism()))
 
 
+def threads(implementation: str) -> int | None:
+    """The size of the thread pool the implementation's backend runs its kernels on; None if it has none."""
+    backend = get_registry().backends.get(backend_of(implementation))
+    if backend is None or backend.threads is None:
+        return None
+    return max(1, int(backend.threads()))
+
+
 def model_features(spec: SolverSpec, problem: Any, implementation: str,
                    base: Mapping[str, float] | None = None) -> dict[str, float]:
-    """The solver's features of ``problem``, with the span on a parallel backend.
+    """The solver's features of ``problem``, with the span on a parallel backend or a threaded implementation.
 
     ``base`` passes features already computed for this problem (planning
     computes them once for every implementation).
     """
     features = {name: float(value) for name, value in (base or spec.features(problem)).items()}
+    if spec.span_feature is None:
+        return features
     workers = parallelism(implementation) if spec.parallel_tasks is not None else None
-    if workers is not None and spec.span_feature is not None:
+    if workers is not None:
         tasks = max(1.0, float(spec.parallel_tasks(problem)))
-        rounds = math.ceil(tasks / workers)
-        features[SPAN] = features[spec.span_feature] * rounds / tasks
+        features[SPAN] = _span(features[spec.span_feature], tasks, workers)
         if backend_of(implementation) in PER_ROUND_BACKENDS:
-            features[ROUNDS] = float(rounds)
+            features[ROUNDS] = float(math.ceil(tasks / workers))
+    items = spec.thread_items.get(implementation)
+    pool = threads(implementation) if items is not None else None
+    if pool is not None:
+        features[SPAN] = _span(features[spec.span_feature], max(1.0, float(items(problem))), pool)
     return features
+
+
+def _span(work: float, tasks: float, workers: int) -> float:
+    """The busiest worker's share of ``work`` split evenly into ``tasks`` run ``workers`` at a time."""
+    return work * math.ceil(tasks / workers) / tasks
 
 
 _names: dict[tuple, tuple[str, ...]] = {}

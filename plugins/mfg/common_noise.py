@@ -22,6 +22,7 @@ import numpy as np
 from core import tasks
 from core.backends import numba_threads
 from plugins.mfg.coupling import STEPS, picard, picard_batch
+from plugins.mfg.fp import layout
 from plugins.mfg.fp import torch_kernel as fp_torch
 from plugins.mfg.hjb import torch_kernel as hjb_torch
 from plugins.mfg.problem import PRESETS, CommonNoiseProblem, FPProblem, HJBProblem, MFGProblem
@@ -59,8 +60,9 @@ def path_task(task: tuple, shared: Mapping[str, np.ndarray], seed) -> dict[str, 
     theta = ou_path(problem, seed)
     hjb, fp = STEPS[steps]()
     out = picard(conditional_problem(problem), hjb, fp, V_t=shifted_potential(problem, theta))
-    # a path's cores only grow (idle workers' cores are lent once no path waits), so the last count is the most
-    threads = numba_threads.threads() if steps == "numba" else 1
+    # the threads its last particle step ran on: a path's lent cores only grow (idle workers' cores are
+    # lent once no path waits), and each step takes at most those its particles can use
+    threads = min(numba_threads.use_idle_cores(), layout.threads_worth(problem.N)) if steps == "numba" else 1
     return {"U": out["U"], "M": out["M"], "converged": out["converged"], "iterations": out["iterations"],
             "theta": theta, "seconds": time.perf_counter() - started, "threads": threads}
 

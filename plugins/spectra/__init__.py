@@ -21,8 +21,8 @@ from plugins.spectra import work
 from plugins.spectra.model import Spectra
 from plugins.spectra.problem import FULL_PIXELS, SpectraProblem
 
-__version__ = "0.5.0"  # 0.2: the "steps" feature; 0.3: balanced process chunks; 0.4: the CCF start by one product;
-# 0.5: a fifth of the torch launches per step, process chunks of at most 16 spectra
+__version__ = "0.6.0"  # 0.2: the "steps" feature; 0.3: balanced process chunks; 0.4: the CCF start by one product;
+# 0.5: a fifth of the torch launches per step, process chunks of at most 16 spectra; 0.6: numba:threads's span
 # (older timings mismeasure the newer code: a version change recalibrates)
 __all__ = ["Spectra", "SpectraProblem", "fit_spectra"]
 
@@ -63,6 +63,8 @@ SPEC = SolverSpec(
     parallel=lazy("plugins.spectra.solve", "solve_parallel"),
     parallel_tasks=lambda problem: float(len(_chunks(problem.n_spectra))),
     span_feature="template_iterations",
+    # numba:threads shares the batch's spectra among Numba's threads (solve_numba)
+    thread_items={"numba:threads": lambda problem: float(problem.n_spectra)},
     features=work.features,
     work_done=work.work_done,
     size_axis="n_spectra",

@@ -25,17 +25,21 @@ def chunk_size(n: int) -> int:
     return size + size % 2
 
 
-# Particles a lent thread needs to pay for waking it (core_lending): on the 2-core VM, paths of 2,000
-# particles ran 24 % slower on 2 lent threads than on 1, 5,000 broke even, 20,000 ran 15 % faster. No
-# more threads than chunks either: a 366-particle path (one chunk) on 8 lent threads of the H200 host
-# took 3x its time on one. At 4,096 particles a thread, a 20,000-particle sweep point's last task took
-# at most 4 of 16 idle cores, and the 16-worker cluster's scheduling loss rose from 3-5 % to 8-14 %
-PARTICLES_PER_LENT_THREAD = 1024
+# Particles a thread needs to pay for its share of every step's fork and join. Lent threads (core_lending)
+# slept while their worker was idle: on the 2-core VM, paths of 2,000 particles ran 24 % slower on 2 lent
+# threads than on 1, 5,000 broke even, 20,000 ran 15 % faster. No more threads than chunks either: a
+# 366-particle path (one chunk) on 8 lent threads of the H200 host took 3x its time on one. At 4,096
+# particles a thread, a 20,000-particle sweep point's last task took at most 4 of 16 idle cores, and the
+# 16-worker cluster's scheduling loss rose from 3-5 % to 8-14 %. The numba backend's own solves keep the
+# same cap: a 499-particle common-noise path on all 16 threads of that host was calibrated at 2.5x the
+# time it later took, as every step waited for the slowest of 16 threads on a host busy with 32 idle
+# workers' wake-ups, and the model built on it chose the process pool, 84 % slower.
+PARTICLES_PER_THREAD = 1024
 
 
-def lent_threads_worth(n: int) -> int:
-    """How many lent threads a path of ``n`` particles can use (at least one)."""
-    return max(1, min(chunks(n), n // PARTICLES_PER_LENT_THREAD))
+def threads_worth(n: int) -> int:
+    """How many threads a path of ``n`` particles can use (at least one)."""
+    return max(1, min(chunks(n), n // PARTICLES_PER_THREAD))
 
 
 def chunks(n: int) -> int:

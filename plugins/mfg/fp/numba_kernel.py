@@ -31,7 +31,7 @@ import numpy as np
 from numba import prange
 
 from core.backends.numba_random import normal_pair, stream_keys
-from core.backends.numba_threads import jit, use_idle_cores
+from core.backends.numba_threads import jit, threads_at_most
 from plugins.mfg import kde
 from plugins.mfg.fp import layout
 from plugins.mfg.fp.common import all_steps_unsupported, drift_table, initial_positions
@@ -201,7 +201,12 @@ def solve_particles(problem, U: np.ndarray | None = None, *, fused: bool) -> dic
     if fused and all_steps_unsupported(problem):
         raise ValueError(f"the all-steps numba kernel cannot run this problem: {all_steps_unsupported(problem)}")
     U = problem.U if U is None else U
-    use_idle_cores(layout.lent_threads_worth(problem.N))  # in a pool task: idle workers' cores, if worth it
+    # in this process, or in a pool task with idle workers' cores: only the threads the particles can use
+    with threads_at_most(layout.threads_worth(problem.N)):
+        return _particles(problem, U, fused)
+
+
+def _particles(problem, U: np.ndarray, fused: bool) -> dict[str, np.ndarray]:
     positions, states = starting_state(problem)
     drift = drift_table(problem, U)
     chunk = layout.chunk_size(problem.N)
