@@ -5,7 +5,7 @@ The decision, in the spirit of scipy's ``choose_conv_method``::
     cost(i)   = predicted_seconds(i) + unpaid_one_off(i) / expected_calls
     error(i)  = the model's leave-one-out relative error (at least 2 %; 50 % when extrapolated)
     best      = min(cost(i) for i in candidates)
-    margin(i) = clip(hypot(error(best), error(i)), 2 %, 15 %)
+    margin(i) = clip(hypot(error(best), error(i)), 2 %, 10 %)
     chosen    = simplest i with cost(i) <= cost(best) * (1 + margin(i))
 
 Candidates are the implementations whose backend is available, that support
@@ -13,7 +13,7 @@ the problem, whose memory estimate fits and that have a model. The margin
 exists because a gain inside the models' own error is noise, while the
 simpler backend (fewer processes, no device) has fewer ways to go wrong; it
 follows the measured error but is capped, so that the simpler choice never
-costs more than 15 % by the models' own account.
+costs more than 10 % by the models' own account.
 
 **When in doubt, measure.** The plan is *not confident* when a runner-up's
 cost is within twice the combined error of the best (their error bands
@@ -55,7 +55,7 @@ from core.solver import SolverSpec, backend_of
 from core.validation import check_float
 
 MIN_ERROR, EXTRAPOLATED_ERROR = 0.02, 0.5
-MIN_MARGIN, MAX_MARGIN = 0.02, 0.15
+MIN_MARGIN, MAX_MARGIN = 0.02, 0.10
 OVERLAP = 2.0  # error bands: this many relative errors either side
 MEASURE_AT_MOST = 3
 
