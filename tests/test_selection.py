@@ -298,6 +298,26 @@ def test_a_threaded_implementation_gets_the_span_over_its_backends_threads():
         assert SPAN not in model_features(spec, SpectraProblem(n_spectra=n, n_pixels=1000), "numba:serial")
 
 
+def test_a_compile_at_a_later_design_point_is_not_charged_to_the_budget(clean):
+    from core.costmodel.calibrate import calibrate_solver
+
+    compiled = set()
+
+    def compiles_once_past_the_first_problem(problem):
+        # a variant whose kernels for larger problems compile on their first call (a JIT's one-off)
+        kind = problem.n > 10
+        if kind not in compiled:
+            compiled.add(kind)
+            time.sleep(0.6 if kind and len(compiled) > 1 else 0.0)
+        return {"n": np.array(problem.n)}
+
+    (spec,) = _install(_spec("synthetic.late_jit", {"serial": compiles_once_past_the_first_problem}))
+    report = calibrate_solver(spec, quick=True, budget=0.5)
+    row = report.backends[0]
+    # the 0.6 s compile alone would spend a 0.5 s budget at the second problem
+    assert row.samples == report.problems and row.warm_up_excess >= 0.5, row
+
+
 def test_a_loop_tiers_up_in_the_background(clean, monkeypatch):
     from core.costmodel import warmup
 

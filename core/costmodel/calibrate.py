@@ -58,6 +58,8 @@ class BackendCalibration:
     seconds_spent: float = 0.0
     stopped: str = "design done"
     skipped: int = 0
+    # every warm-up's excess over its timed median: compiles, wherever a problem first needs one
+    warm_up_excess: float = 0.0
 
 
 class CalibrationInterrupted(KeyboardInterrupt):
@@ -199,12 +201,14 @@ def calibrate_solver(spec: SolverSpec, *, quick: bool = True, budget: float | No
 
 
 def _sample_seconds(started: float, paused_before: float, climbs: list[_Climb]) -> float:
-    """Seconds of this calibration charged to its budget: not the quiet pauses, and not any implementation's
-    one-off (its first run's JIT). On a fresh GPU host Numba compiled spectra.fit's threaded kernels for 23 s
-    in the first run; charged, they spent the quick budget on one design point, and the models fitted to it
-    chose serial where threads were 3x faster."""
-    one_offs = sum(climb.row.one_off_seconds or 0.0 for climb in climbs)
-    return time.perf_counter() - started - (_paused[0] - paused_before) - one_offs
+    """Seconds of this calibration charged to its budget: not the quiet pauses, and not any warm-up's excess
+    over its timed runs (a JIT compile). On a fresh GPU host Numba compiled spectra.fit's threaded kernels for
+    23 s in the first run; charged, they spent the quick budget on one design point, and the models fitted to
+    it chose serial where threads were 3x faster. A compile can come later than the first run, too: where a
+    one-spectrum batch runs the serial kernels, numba:threads compiles its threaded ones at the second design
+    point."""
+    compiles = sum(climb.row.warm_up_excess for climb in climbs)
+    return time.perf_counter() - started - (_paused[0] - paused_before) - compiles
 
 
 def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: float, repeats: int,
@@ -233,6 +237,7 @@ def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: floa
         return
     finally:
         climb.row.seconds_spent += time.perf_counter() - began
+    climb.row.warm_up_excess += max(0.0, warm_up - seconds)
     if first_run[key]:
         first_run[key] = False
         climb.row.one_off_seconds = max(0.0, warm_up - seconds)
