@@ -43,31 +43,22 @@ def pool_size() -> int:
     return max(1, usable_cores())
 
 
-def use_idle_cores(worth_threads: int | None = None) -> int:
+def use_idle_cores() -> int:
     """Before a parallel kernel inside a task of a local map: take the cores idle workers left.
 
     Outside such a task (a process-pool task, or one on a dask cluster this
     process started) this changes nothing. Inside one, Numba runs on the
     number of cores :func:`core.backends.core_lending.cores_for_this_task`
-    grants (one while other tasks still wait), and on no more than
-    ``worth_threads``: how many threads the task's work can keep busy. A
-    lent thread has slept while its worker was idle, and waking it costs
-    more than a small kernel gains: on the 2-core VM a 366-particle
-    common-noise path took 10.6 ms on two lent threads and 5.8 ms on one,
-    and on the 16-core H200 host a 2-path map took 30 ms where one
-    in-process solve took 11 ms. Returns the thread count the next kernel
-    will use. Kernels whose result does not depend on the thread count
-    (private partial sums, per-item random streams) can call this freely:
-    it changes their speed, never their answer.
+    grants (one while other tasks still wait). Returns the thread count the
+    next kernel will use. Kernels whose result does not depend on the thread
+    count (private partial sums, per-item random streams) can call this
+    freely: it changes their speed, never their answer.
     """
     import numba
 
     cores = cores_for_this_task()
     if cores is not None:
-        allowed = min(cores, numba.config.NUMBA_NUM_THREADS)
-        if worth_threads is not None:
-            allowed = min(allowed, max(1, int(worth_threads)))
-        numba.set_num_threads(allowed)
+        numba.set_num_threads(min(cores, numba.config.NUMBA_NUM_THREADS))
     return int(numba.get_num_threads())
 
 
@@ -78,8 +69,12 @@ def threads_at_most(work_items: int) -> Iterator[int]:
 
     A thread without an item still joins every parallel region's fork and
     join: on a 16-core host a 1-block pass paid ~20 us a region for 15 idle
-    threads, more than its work. Only for kernels whose answer does not
-    depend on the thread count.
+    threads, more than its work. A lent thread has also slept while its
+    worker was idle, and waking it costs more than a small kernel gains: on
+    the 2-core VM a 366-particle common-noise path took 10.6 ms on two lent
+    threads and 5.8 ms on one, and on the 16-core H200 host a 2-path map
+    took 30 ms where one in-process solve took 11 ms. Only for kernels whose
+    answer does not depend on the thread count.
     """
     import numba
 

@@ -237,10 +237,11 @@ def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: floa
         return
     finally:
         climb.row.seconds_spent += time.perf_counter() - began
-    climb.row.warm_up_excess += max(0.0, warm_up - seconds)
+    excess = max(0.0, warm_up - seconds)
+    climb.row.warm_up_excess += excess
     if first_run[key]:
         first_run[key] = False
-        climb.row.one_off_seconds = max(0.0, warm_up - seconds)
+        climb.row.one_off_seconds = excess
     history.mark_paid(spec, key, problem)
     climb.records.append(history.sample_record(spec, key, problem, seconds, "calibration"))
     if seconds > sample_cap:

@@ -135,14 +135,14 @@ def solve_torch(problem: SpectraProblem, device: Any = None) -> dict[str, np.nda
 
 def fit_chunk(task: tuple, shared: Mapping[str, np.ndarray], seed: Any) -> dict[str, np.ndarray]:
     """One chunk of rows, fitted by the numba path; runs in a worker."""
-    from core.backends import numba_threads
+    from core.backends.numba_threads import threads_at_most
 
     start, stop, grid, degree, max_iter, tol, names = task
-    numba_threads.use_idle_cores(stop - start)  # the threads share the chunk's spectra
     spectra = Spectra(wave=shared["wave"], arm=shared["arm"], flux=shared["flux"][start:stop],
                       ivar=shared["ivar"][start:stop], targetid=shared["targetid"][start:stop], arm_names=names)
     library = SpectraProblem(n_spectra=1, grid=grid, spectra=spectra).library()
-    return fit_batch(spectra, library, numba_ops(), degree=degree, max_iter=max_iter, tol=tol)
+    with threads_at_most(stop - start):  # idle workers' cores, shared by the chunk's spectra
+        return fit_batch(spectra, library, numba_ops(), degree=degree, max_iter=max_iter, tol=tol)
 
 
 MAX_CHUNK = 16  # spectra a task fits at most
