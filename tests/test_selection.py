@@ -318,6 +318,40 @@ def test_a_compile_at_a_later_design_point_is_not_charged_to_the_budget(clean):
     assert row.samples == report.problems and row.warm_up_excess >= 0.5, row
 
 
+def test_a_slow_implementation_spends_only_its_share_of_the_budget(clean):
+    """Charged alike, numpy's slow solves stopped mfg.common_noise's 5-15 ms contenders two thirds through the
+    quick design on the H200 host. Fair shares: the cheap one finishes, the slow one stops near half."""
+    from core.costmodel.calibrate import calibrate_solver
+
+    (spec,) = _install(_spec("synthetic.shares", {"serial": _sleeper(0.001), "device": _sleeper(0.03)}))
+    budget = 1.0
+    report = calibrate_solver(spec, quick=True, budget=budget)
+    rows = {row.backend: row for row in report.backends}
+    cheap, slow = rows["serial"], rows["device"]
+    # four runs a sample (warm-up and three timed): the cheap one needs ~0.004 s a problem, the slow one ~0.12
+    assert cheap.samples == report.problems and cheap.stopped == "design done", cheap
+    assert slow.samples < report.problems and slow.stopped.startswith("its share of the 1 s budget spent"), slow
+    # the slow one got what the cheap one left: more than an even split, and the total stayed near the budget
+    assert budget / 2 < slow.seconds_spent < budget - cheap.seconds_spent + 0.2, (cheap, slow)
+
+
+def test_fair_shares_give_cheap_implementations_their_need_and_split_the_rest():
+    from core.costmodel.calibrate import BackendCalibration, _Climb, fair_shares
+
+    def climb(name, charged, visited, done=False):
+        return _Climb(BackendCalibration(name), done=done, charged=charged, visited=visited)
+
+    # 10 problems; needs at this pace: a 1.0, b 4.0, c 20.0, d unknown (not started); e stopped at 2.0
+    climbs = [climb("a", 0.5, 5), climb("b", 2.0, 5), climb("c", 10.0, 5), climb("d", 0.0, 0), climb("e", 2.0, 4, True)]
+    shares = fair_shares(20.0, climbs, 10)
+    assert shares["e"] == 2.0  # stopped: keeps what it spent
+    assert shares["a"] == pytest.approx(1.0)  # 18 left over 4: 4.5 each; a needs 1.0
+    # 17 left over the 3 others: 5.67 each; b needs 4.0; c and d split the remaining 13
+    assert shares["b"] == pytest.approx(4.0)
+    assert shares["c"] == pytest.approx(6.5) and shares["d"] == pytest.approx(6.5)
+    assert sum(shares.values()) == pytest.approx(20.0)
+
+
 def test_a_loop_tiers_up_in_the_background(clean, monkeypatch):
     from core.costmodel import warmup
 

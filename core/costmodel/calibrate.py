@@ -7,16 +7,23 @@ warm-up of an implementation then pays its own one-off (JIT compile), and
 its excess over the steady median is stored as that.
 
 The problems come from :mod:`core.costmodel.design`, cheapest first, and
-every implementation measures a problem before any measures the next, so
-that a budget that runs out leaves every backend with the same coverage
-(none is starved by a slow neighbour). An implementation skips a problem
-that its partial model predicts to take longer than the per-sample cap,
-and skips problems it does not support or whose memory does not fit.
+every implementation measures a problem before any measures the next. The
+budget is shared max-min fairly (:func:`fair_shares`): an implementation
+that needs less than an equal share to finish the design gets what it
+needs, and the rest is split evenly among the others. Charged alike, the
+slow ones spent the budget for all: on the 16-core H200 host the quick
+calibration of mfg.common_noise ran out about two thirds through its 30
+problems, numpy's 0.05-0.5 s solves having taken a third of it, and the
+three contenders that run 5-15 ms solves were cut at the same point as
+numpy. An implementation skips a problem that its partial model predicts
+to take longer than the per-sample cap, and skips problems it does not
+support or whose memory does not fit.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -137,6 +144,12 @@ class _Climb:
     records: list[dict[str, Any]] = field(default_factory=list)
     capped: bool = False
     done: bool = False
+    charged: float = 0.0  # seconds charged to the budget: its runs, without quiet pauses and compiles
+    visited: int = 0  # design problems it has measured or skipped
+
+    def need(self, problems: int) -> float:
+        """Seconds it will have been charged by the end of the design, at its pace so far."""
+        return self.charged * problems / max(self.visited, 1)
 
     def predicted(self, spec: SolverSpec, problem: Any) -> float | None:
         names = feature_names(spec, self.row.backend)
@@ -171,18 +184,20 @@ def calibrate_solver(spec: SolverSpec, *, quick: bool = True, budget: float | No
             except CrossoverError as exc:  # one backend that cannot start must not stop the others
                 climb.row.stopped, climb.done = f"failed to start: {exc}", True
         first_run = {climb.row.backend: climb.row.one_off_seconds is not None for climb in climbs}
-        # the budget is for samples: starting backends is their one-off, and the quiet pauses are not samples
-        # (charged, they cost the quick calibration of spectra.fit a fifth of its 25 s and design points)
-        started, paused_before = time.perf_counter(), _paused[0]
+        # the budget is for samples: starting backends is their one-off, and neither the quiet pauses nor a
+        # warm-up's compile are samples (charged, the pauses cost the quick calibration of spectra.fit a fifth
+        # of its 25 s and design points, and a compile once spent it all on one design point)
         for problem in design:
             for climb in climbs:
                 if bar is not None:
                     bar.advance(task)
                 if climb.done:
                     continue
-                if _sample_seconds(started, paused_before, climbs) > budget:
-                    climb.row.stopped, climb.done = f"budget of {budget:g} s spent", True
+                share = fair_shares(budget, climbs, len(design))[climb.row.backend]
+                if climb.charged > share:
+                    climb.row.stopped, climb.done = f"its share of the {budget:g} s budget spent ({share:.1f} s)", True
                     continue
+                climb.visited += 1
                 _measure_one(spec, problem, climb, sample_cap, settings["repeats"], first_run)
     except KeyboardInterrupt:  # Ctrl-C: store what was measured below, then stop
         interrupted = True
@@ -200,15 +215,25 @@ def calibrate_solver(spec: SolverSpec, *, quick: bool = True, budget: float | No
     return report
 
 
-def _sample_seconds(started: float, paused_before: float, climbs: list[_Climb]) -> float:
-    """Seconds of this calibration charged to its budget: not the quiet pauses, and not any warm-up's excess
-    over its timed runs (a JIT compile). On a fresh GPU host Numba compiled spectra.fit's threaded kernels for
-    23 s in the first run; charged, they spent the quick budget on one design point, and the models fitted to
-    it chose serial where threads were 3x faster. A compile can come later than the first run, too: where a
-    one-spectrum batch runs the serial kernels, numba:threads compiles its threaded ones at the second design
-    point."""
-    compiles = sum(climb.row.warm_up_excess for climb in climbs)
-    return time.perf_counter() - started - (_paused[0] - paused_before) - compiles
+def fair_shares(budget: float, climbs: list[_Climb], problems: int) -> dict[str, float]:
+    """Each implementation's share of the budget, max-min fair over what each needs to finish the design.
+
+    Those that stopped keep what they were charged. Of what is left, an
+    implementation whose projected need (:meth:`_Climb.need`) is below an
+    even split gets its need, and the others split the remainder evenly, so
+    each gets at least an even share and cheap implementations finish.
+    """
+    left = budget - sum(climb.charged for climb in climbs if climb.done)
+    running = sorted((climb for climb in climbs if not climb.done), key=lambda climb: _need(climb, problems))
+    shares = {climb.row.backend: climb.charged for climb in climbs if climb.done}
+    for position, climb in enumerate(running):
+        shares[climb.row.backend] = min(_need(climb, problems), left / (len(running) - position))
+        left -= shares[climb.row.backend]
+    return shares
+
+
+def _need(climb: _Climb, problems: int) -> float:
+    return climb.need(problems) if climb.visited else math.inf  # not started yet: its pace is unknown
 
 
 def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: float, repeats: int,
@@ -226,7 +251,7 @@ def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: floa
         if predicted is None or predicted > sample_cap:
             climb.row.skipped += 1
             return
-    began = time.perf_counter()
+    began, paused_before = time.perf_counter(), _paused[0]
     try:
         warm_up, seconds = measure(spec, key, problem, repeats)
     except CrossoverError as exc:
@@ -236,9 +261,12 @@ def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: floa
         climb.row.stopped, climb.done = f"failed: {type(exc).__name__}: {exc}", True
         return
     finally:
-        climb.row.seconds_spent += time.perf_counter() - began
+        spent = time.perf_counter() - began
+        climb.row.seconds_spent += spent
+        climb.charged += spent - (_paused[0] - paused_before)
     excess = max(0.0, warm_up - seconds)
     climb.row.warm_up_excess += excess
+    climb.charged -= excess
     if first_run[key]:
         first_run[key] = False
         climb.row.one_off_seconds = excess

@@ -18,12 +18,17 @@ warmed up first, so that no worker loads its Numba kernels on the clock):
 
 - ``T1``: each item's seconds alone, one item per map and nothing else
   running (its time inside the task, on one core);
-- the all-core penalty ``P``: items 0..W-1 run at once, one per worker,
-  their summed time over their summed time alone: what running every core
-  costs a task, which no scheduling can win back;
-- the K-item wall time, ``--repeats`` times, each repeat right after its
-  own penalty run (on a shared host the load drifts from minute to minute,
-  and a penalty from another minute would misattribute it).
+- the all-core penalty ``P``: all K items in rounds of W, each round W
+  items at once, one per worker (independent jobs: no round starts before
+  the last one ended), their summed time over their summed time alone:
+  what running every core costs a task, which no scheduling can win back;
+- the K-item wall time, ``--repeats`` times, each between two penalty runs
+  (P, K-run, P, K-run, ..., P); a K-item run is split with the mean of the
+  two penalty runs beside it. On a shared host the speed drifts: on the
+  H200 host the same sweep point took 0.52 to 0.96 s alone within one
+  minute, and a penalty from a few items at another moment moved the
+  split by up to 10 points. The penalty over the very items of the run,
+  on both sides of it, cancels a drift that is steady over the run.
 
 Then ``efficiency = K * mean(T1) / (W * wall)`` splits exactly as
 ``efficiency = (1 / P) * (1 - scheduling loss)``: the scheduling loss
@@ -136,6 +141,25 @@ def timed_run(workload, indices: Sequence[int], backend: str, options: dict) -> 
     return time.perf_counter() - started, out
 
 
+def all_core_penalty(workload, k: int, workers: int, backend: str, options: dict, t1: np.ndarray,
+                     reference: list) -> tuple[float, bool]:
+    """(The all-core penalty over all K items, whether every result matched): rounds of ``workers`` items at once.
+
+    Each round is a map of one item per worker with lending off, so every
+    item runs on one core beside ``workers - 1`` others; the next round
+    starts after the last item of this one ended. A last round of fewer
+    items (K not a multiple of the workers) loads the host less.
+    """
+    lending(False)
+    loaded, identical = 0.0, True
+    for start in range(0, k, workers):
+        indices = range(start, min(start + workers, k))
+        out = workload.run(indices, backend, options)
+        loaded += sum(seconds for seconds, _ in out)
+        identical &= all(np.array_equal(r, reference[i]) for i, (_, r) in zip(indices, out))
+    return loaded / float(t1.sum()), identical
+
+
 def split(k_items: int, workers: int, t1_sum: float, penalty: float, wall: float, busy_seconds: float) -> dict:
     """Efficiency and its two factors for one K-item run (see the module docstring)."""
     efficiency = t1_sum / (workers * wall)
@@ -190,20 +214,23 @@ def main() -> None:
     t1 = np.array([seconds for seconds, _ in alone])
     reference = [result for _, result in alone]
 
-    penalties, identical = [], True
     kinds = [not args.no_lend] + ([False] if args.compare_lending and not args.no_lend else [])
     runs: dict[bool, list[dict]] = {kind: [] for kind in kinds}
+    penalty_runs = [all_core_penalty(workload, k, workers, args.backend, options, t1, reference)]
+    identical = penalty_runs[0][1]
     for _ in range(args.repeats):
-        # the penalty next to the runs it splits: on a shared host the load drifts between minutes
-        lending(False)
-        loaded = workload.run(range(workers), args.backend, options)
-        penalties.append(sum(s for s, _ in loaded) / t1[:workers].sum())
-        identical &= all(np.array_equal(r, reference[i]) for i, (_, r) in enumerate(loaded))
+        walls = []
         for lend in kinds:  # alternating, so that a drift of the host's load hits both kinds alike
             lending(lend)
             wall, out = timed_run(workload, range(k), args.backend, options)
             identical &= all(np.array_equal(r, reference[i]) for i, (_, r) in enumerate(out))
-            runs[lend].append(split(k, workers, float(t1.sum()), penalties[-1], wall, sum(s for s, _ in out)))
+            walls.append((lend, wall, sum(s for s, _ in out)))
+        penalty_runs.append(all_core_penalty(workload, k, workers, args.backend, options, t1, reference))
+        identical &= penalty_runs[-1][1]
+        beside = (penalty_runs[-2][0] + penalty_runs[-1][0]) / 2  # the penalty runs before and after these runs
+        for lend, wall, busy_seconds in walls:
+            runs[lend].append(split(k, workers, float(t1.sum()), beside, wall, busy_seconds))
+    penalties = [p for p, _ in penalty_runs]
     penalty = float(np.median(penalties))
     lending(True)
 
@@ -212,8 +239,8 @@ def main() -> None:
     print(f"per-task overhead: an empty map of {k} tasks took {empty:.3f} s ({1e3 * empty / k:.2f} ms a task)")
     print(f"T1 (alone, one core): mean {t1.mean():.3f} s, min {t1.min():.3f}, max {t1.max():.3f}, "
           f"spread (std/mean) {t1.std() / t1.mean():.1%}")
-    print(f"all-core penalty ({workers} items at once over alone): "
-          f"{', '.join(f'x{p:.3f}' for p in penalties)} (median x{penalty:.3f})")
+    print(f"all-core penalty (all {k} items, {workers} at once, over alone; before, between and after the "
+          f"K-item runs): {', '.join(f'x{p:.3f}' for p in penalties)} (median x{penalty:.3f})")
     summary: dict[str, Any] = {
         "host": cpu_model(), "cores": os.cpu_count(), "backend": args.backend, "workers": workers,
         "workload": args.workload, "K": k, "N": args.N, "Nx": args.Nx, "Nt": args.Nt,
