@@ -320,7 +320,7 @@ def test_a_compile_at_a_later_design_point_is_not_charged_to_the_budget(clean):
 
 def test_a_slow_implementation_spends_only_its_share_of_the_budget(clean):
     """Charged alike, numpy's slow solves stopped mfg.common_noise's 5-15 ms contenders two thirds through the
-    quick design on the H200 host. Fair shares: the cheap one finishes, the slow one stops near half."""
+    quick design on the H200 host. Fair shares: the cheap one finishes, the slow one gets the rest and stops."""
     from core.costmodel.calibrate import calibrate_solver
 
     (spec,) = _install(_spec("synthetic.shares", {"serial": _sleeper(0.001), "device": _sleeper(0.03)}))
