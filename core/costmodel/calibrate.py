@@ -148,8 +148,8 @@ class _Climb:
     visited: int = 0  # design problems it has measured or skipped
 
     def need(self, problems: int) -> float:
-        """Seconds it will have been charged by the end of the design, at its pace so far."""
-        return self.charged * problems / max(self.visited, 1)
+        """Seconds it will have been charged by the end of the design, at its pace so far (unknown: inf)."""
+        return self.charged * problems / self.visited if self.visited else math.inf
 
     def predicted(self, spec: SolverSpec, problem: Any) -> float | None:
         names = feature_names(spec, self.row.backend)
@@ -224,16 +224,12 @@ def fair_shares(budget: float, climbs: list[_Climb], problems: int) -> dict[str,
     each gets at least an even share and cheap implementations finish.
     """
     left = budget - sum(climb.charged for climb in climbs if climb.done)
-    running = sorted((climb for climb in climbs if not climb.done), key=lambda climb: _need(climb, problems))
+    running = sorted((climb for climb in climbs if not climb.done), key=lambda climb: climb.need(problems))
     shares = {climb.row.backend: climb.charged for climb in climbs if climb.done}
     for position, climb in enumerate(running):
-        shares[climb.row.backend] = min(_need(climb, problems), left / (len(running) - position))
+        shares[climb.row.backend] = min(climb.need(problems), left / (len(running) - position))
         left -= shares[climb.row.backend]
     return shares
-
-
-def _need(climb: _Climb, problems: int) -> float:
-    return climb.need(problems) if climb.visited else math.inf  # not started yet: its pace is unknown
 
 
 def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: float, repeats: int,
