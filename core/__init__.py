@@ -11,6 +11,9 @@ from core.checkpoint import CheckpointError, CheckpointWarning
 from core.costmodel.calibrate import calibrate
 from core.costmodel.evaluate import evaluate
 from core.costmodel.plan import plan
+from core.costmodel.planner import Planner
+from core.costmodel.planner import current as current_planner
+from core.costmodel.planner import use as use_planner
 from core.errors import (
     AutoSelectionError,
     BackendUnavailableError,
@@ -43,6 +46,6 @@ __all__ = [
     "UnknownSolverError", "WorkerCrashedError", "availability", "backends", "hookimpl",
     "make_problem", "register", "solve", "solvers", "unregister", "__version__",
     "calibrate", "evaluate", "plan", "sweep", "SweepPoint", "SizeSpace", "lazy", "NotEnoughMemoryError",
-    "TooLongError", "CheckpointError", "CheckpointWarning",
+    "TooLongError", "CheckpointError", "CheckpointWarning", "Planner", "current_planner", "use_planner",
 ]
 

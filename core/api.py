@@ -5,14 +5,17 @@ This is the top of the core: nothing below imports it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from core import limits
 from core.backend import Availability, safe_describe
-from core.costmodel import history
+from core.costmodel.calibrate import measure_outputs
 from core.costmodel.features import model_features
 from core.costmodel.plan import plan
+from core.costmodel.planner import accepts_planner, current
+from core.costmodel.race import Step, next_step
 from core.costmodel.warmup import tier_up, using
 from core.errors import (
     AutoSelectionError,
@@ -24,6 +27,7 @@ from core.registry import get_registry, get_solver
 from core.result import Plan, Result
 from core.running import check_backend, exclusion, find_solver, probe, registered_backend, run_once
 from core.solver import SolverSpec, backend_of
+from core.validation import check_choice
 
 
 @dataclass(frozen=True)
@@ -70,49 +74,76 @@ def _named(spec: SolverSpec, problem: Any, name: str, expected_calls: float | No
         try:
             chosen = plan(problem, solver=spec.name, expected_calls=expected_calls, explain=False, only=runnable)
             return Plan(solver=spec.name, backend=chosen.backend, reason=f"named by the caller; {chosen.reason}",
-                        predictions=chosen.predictions, excluded=chosen.excluded)
+                        predictions=chosen.predictions, excluded=chosen.excluded, measure=chosen.measure,
+                        close=chosen.close, expected_calls=chosen.expected_calls, confident=chosen.confident,
+                        expected_work=chosen.expected_work)
         except AutoSelectionError:  # no variant calibrated yet: the first one the plugin lists
             pass
     return Plan(solver=spec.name, backend=runnable[0], reason="named by the caller")
 
 
-def _run(spec: SolverSpec, implementation: str, problem: Any) -> tuple[dict, float, bool]:
-    """Run once, paying the backend's start first; learn from the timing. Returns (outputs, seconds, first)."""
-    history.start_backend(get_registry().backends[backend_of(implementation)])
-    was_paid = history.is_paid(spec, implementation, problem)
-    owed = history.implementation_one_off(spec, implementation, problem)
+PLANNING = ("estimate", "race", "measure")
+
+
+def _run(spec: SolverSpec, implementation: str, problem: Any,
+         nominal: Mapping[str, float]) -> tuple[dict, float, bool]:
+    """Run once, paying the backend's start first, and observe the timing. Returns (outputs, seconds, cold).
+
+    A run is *cold* when it owed a one-off: this process had not yet run the
+    implementation (on this shape, for a variant that compiles per shape)
+    and its calibration measured a first run's excess (a compile, a cache
+    to fill). The loop and the model never compare a cold run with warm ones.
+    """
+    planner = current()
+    planner.start_backend(get_registry().backends[backend_of(implementation)])
+    first = not planner.is_paid(spec, implementation, problem)
+    cold = first and planner.implementation_one_off(spec, implementation, problem) > 0
     with using(implementation):
         outputs, seconds = run_once(spec, implementation, problem)
-    history.mark_paid(spec, implementation, problem)
-    if was_paid or owed == 0.0:  # a first call that owes a one-off would bias the steady-state model
-        history.record_solve(spec, implementation,
-                             history.sample_record(spec, implementation, problem, seconds, "solve", outputs))
-    if not was_paid and (fitted := history.model(spec, implementation)) is not None:
+    planner.mark_paid(spec, implementation, problem)
+    planner.observe(spec, implementation, problem, seconds, outputs, cold, nominal)
+    if first and (fitted := planner.model(spec, implementation)) is not None:
         # a first call's excess over the steady-state model is this process's one-off cost,
         # when the model can be trusted here (an extrapolation would blame its own error)
         predicted, extrapolated = fitted.predict(model_features(spec, problem, implementation))
         if not extrapolated:
-            history.record_one_off(spec, implementation, max(0.0, seconds - predicted))
-    return outputs, seconds, not was_paid
+            planner.record_one_off(spec, implementation, max(0.0, seconds - predicted))
+    return outputs, seconds, cold
 
 
-def _measure(spec: SolverSpec, problem: Any, decision: Plan) -> tuple[str, dict, float, Plan]:
-    """Time each close candidate once on this problem; keep the fastest answer and remember the times."""
-    timed: dict[str, tuple[dict, float]] = {}
+def _measure_close(spec: SolverSpec, problem: Any, decision: Plan, nominal: Mapping[str, float]) -> None:
+    """``planning="measure"``: time each close candidate warm on this problem before choosing (FFTW's MEASURE)."""
+    planner = current()
+    race = planner.race(spec, nominal)
     for key in decision.measure:
-        outputs, seconds, _ = _run(spec, key, problem)
-        timed[key] = (outputs, seconds)
-    fastest = min(timed, key=lambda k: timed[k][1])
-    history.remember(spec, spec.features(problem), {k: s for k, (_, s) in timed.items()})
-    times = ", ".join(f"{k} {s:.3g} s" for k, (_, s) in sorted(timed.items(), key=lambda kv: kv[1][1]))
-    measured = Plan(solver=decision.solver, backend=fastest, reason=f"{decision.reason}; measured: {times}",
-                    predictions=decision.predictions, excluded=decision.excluded, measure=decision.measure,
-                    expected_calls=decision.expected_calls, confident=True)
-    return fastest, timed[fastest][0], timed[fastest][1], measured
+        if race.warm.get(key):
+            continue
+        planner.start_backend(get_registry().backends[backend_of(key)])
+        with using(key):
+            _, seconds, outputs = measure_outputs(spec, key, problem)
+        planner.mark_paid(spec, key, problem)
+        planner.observe(spec, key, problem, seconds, outputs, False, nominal)
 
 
+def _step(spec: SolverSpec, decision: Plan, nominal: Mapping[str, float], expected_calls: float | None,
+          planning: str) -> Step:
+    """What this call runs: the plan's pick (``estimate``), or the online loop's next step."""
+    if planning == "estimate":
+        return Step(decision.backend, False, "the plan's pick (planning='estimate')")
+    race = current().race(spec, nominal)
+    contenders = {key: (p.seconds + p.one_off_seconds / decision.expected_calls, p.error or 0.0)
+                  for key, p in decision.predictions.items()
+                  if key not in decision.excluded and p.seconds is not None
+                  and (key in decision.close or key == decision.backend or race.warm.get(key))}
+    # an unset count expects this problem to run as often again as it has so far (at least once more)
+    calls_left = expected_calls - race.calls if expected_calls is not None else race.calls + 1
+    return next_step(contenders, race, decision.backend, calls_left)
+
+
+@accepts_planner
 def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
-          expected_calls: float | None = None, max_seconds: float | None = None) -> Result:
+          expected_calls: float | None = None, max_seconds: float | None = None,
+          planning: str = "race") -> Result:
     """Run ``problem`` and return its outputs with the measured wall time.
 
     ``backend="auto"`` follows :func:`core.plan` (calibrating once if this
@@ -125,41 +156,54 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     predicted to take longer than ``max_seconds`` (default: one hour, or
     ``CROSSOVER_MAX_SECONDS``; ``inf`` for none) is refused before it starts,
     with :class:`~core.errors.TooLongError` giving the prediction.
+
+    ``planning`` is how hard to look, as FFTW's planner flags: ``"race"``
+    (the default) runs the online loop of :mod:`core.costmodel.race`, which
+    tries close contenders through the calls themselves and keeps the one
+    that measured fastest; ``"estimate"`` runs the models' pick and never
+    explores; ``"measure"`` first times every close candidate warm on this
+    problem (a few runs each), then races. ``planner=`` runs the call on that
+    :class:`~core.costmodel.planner.Planner` instead of the current one.
     """
     limit = limits.max_seconds(max_seconds)
+    planning = check_choice("planning", planning, PLANNING)
     spec = get_solver(solver) if solver is not None else find_solver(problem)
     if not isinstance(problem, spec.problem_type):
         raise ProblemError(f"solver {spec.name!r} takes a {spec.problem_type.__name__}, "
                            f"got {type(problem).__name__}")
-    history.count_call(spec)
+    planner = current()
+    planner.count_call(spec)
+    nominal = spec.features(problem)
     if backend == "auto":
         decision = plan(problem, solver=spec.name, expected_calls=expected_calls, calibrate=True, explain=False)
         tier_up(spec, decision)
     else:
         decision = _named(spec, problem, backend, expected_calls)
-    _refuse_if_too_long(spec, problem, decision, limit)
-    if decision.measure:
-        used, outputs, seconds, decision = _measure(spec, problem, decision)
-        first = False
-    else:
-        used = decision.backend
-        outputs, seconds, first = _run(spec, used, problem)
+    if planning == "measure" and decision.measure:
+        _measure_close(spec, problem, decision, nominal)
+    step = _step(spec, decision, nominal, expected_calls, planning)
+    used = step.implementation
+    _refuse_if_too_long(spec, problem, decision, used, limit)
+    race = planner.race(spec, nominal)
+    race.calls += 1
+    race.explored += step.explore
+    outputs, seconds, cold = _run(spec, used, problem, nominal)
+    predicted = decision.predictions.get(used)
     return Result(solver=spec.name, backend=used, seconds=seconds, outputs=outputs, plan=decision,
-                  diagnostics={"problem": type(problem).__name__, "first_call": first})
+                  diagnostics={"problem": type(problem).__name__, "first_call": cold, "step": step.reason,
+                               "explored": step.explore},
+                  predicted_seconds=None if predicted is None else predicted.seconds)
 
 
-def _refuse_if_too_long(spec: SolverSpec, problem: Any, decision: Plan, limit: float) -> None:
-    """Nothing starts that the models predict to run past the limit (the fastest candidate, if measuring)."""
-    keys = decision.measure or (decision.backend,)
-    predicted = {key: _predicted_seconds(spec, problem, key, decision) for key in keys}
-    known = {key: s for key, s in predicted.items() if s is not None}
-    if len(known) == len(keys):
-        key = min(known, key=known.__getitem__)
-        limits.refuse_if_too_long(spec.name, key, known[key], limits.predicted_memory(spec, problem, key), limit)
+def _refuse_if_too_long(spec: SolverSpec, problem: Any, decision: Plan, key: str, limit: float) -> None:
+    """Nothing starts that the models predict to run past the limit."""
+    predicted = _predicted_seconds(spec, problem, key, decision)
+    if predicted is not None:
+        limits.refuse_if_too_long(spec.name, key, predicted, limits.predicted_memory(spec, problem, key), limit)
 
 
 def _predicted_seconds(spec: SolverSpec, problem: Any, key: str, decision: Plan) -> float | None:
     if key in decision.predictions and decision.predictions[key].seconds is not None:
         return decision.predictions[key].seconds
-    fitted = history.model(spec, key)  # a named backend's plan may carry no predictions
+    fitted = current().model(spec, key)  # a named backend's plan may carry no predictions
     return None if fitted is None else max(0.0, fitted.predict(model_features(spec, problem, key))[0])

@@ -42,6 +42,8 @@ class Plan:
     close: tuple[str, ...] = ()  # the candidates whose predictions overlap the best's within their errors
     expected_calls: float = 1.0
     confident: bool = True
+    # the work the predictions assumed, where it depends on convergence (learnt from earlier solves' work_done)
+    expected_work: Mapping[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -52,6 +54,7 @@ class Plan:
             "measure": list(self.measure),
             "close": list(self.close),
             "expected_calls": self.expected_calls,
+            "expected_work": dict(self.expected_work),
             "predictions": {k: vars(v) for k, v in self.predictions.items()},
             "excluded": dict(self.excluded),
             "break_even": [dict(b) if isinstance(b, Mapping) else b for b in self.break_even],
@@ -79,6 +82,7 @@ class Result:
     outputs: Mapping[str, np.ndarray]
     diagnostics: Mapping[str, Any] = field(default_factory=dict)
     plan: Plan | None = None
+    predicted_seconds: float | None = None  # what the plan predicted for the implementation that ran
 
     def __post_init__(self) -> None:
         bad = non_finite_outputs(self.outputs)

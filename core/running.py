@@ -101,8 +101,13 @@ def memory_need(spec: SolverSpec, problem: Any, implementation: str) -> float:
     return need
 
 
-def exclusion(spec: SolverSpec, problem: Any, implementation: str) -> str:
-    """Why ``implementation`` cannot run ``problem`` here, or "" (availability, support, memory)."""
+def exclusion(spec: SolverSpec, problem: Any, implementation: str,
+              free_memory: dict[str, float | None] | None = None) -> str:
+    """Why ``implementation`` cannot run ``problem`` here, or "" (availability, support, memory).
+
+    ``free_memory`` caches each backend's free memory by name, so that a plan
+    over many implementations reads each memory once.
+    """
     backend = get_registry().backends.get(backend_of(implementation))
     if backend is None:
         return "backend not registered (is its plugin installed?)"
@@ -116,7 +121,15 @@ def exclusion(spec: SolverSpec, problem: Any, implementation: str) -> str:
         need = memory_need(spec, problem, implementation)
     except PluginError as exc:  # the plugin's fault: this implementation is out, the others go on
         return f"memory estimate failed: {exc}"
-    free = safe_free_memory(backend)
+    if free_memory is None:
+        free = safe_free_memory(backend)
+    elif backend.name in free_memory:
+        free = free_memory[backend.name]
+    else:
+        # backends that share a memory (numpy, numba and the pool: the host's) read it once
+        shared = next((name for name, other in get_registry().backends.items()
+                       if name in free_memory and other.free_memory is backend.free_memory), None)
+        free = free_memory[backend.name] = free_memory[shared] if shared else safe_free_memory(backend)
     if free is not None and need > free:
         return f"not enough memory: needs {_gib(need)}, {_gib(free)} free"
     return ""

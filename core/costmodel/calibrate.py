@@ -35,6 +35,7 @@ from core.costmodel import history
 from core.costmodel.design import calibration_design
 from core.costmodel.features import feature_names, model_features
 from core.costmodel.fit import Sample, fit
+from core.costmodel.planner import accepts_planner
 from core.errors import CrossoverError, PluginError
 from core.registry import get_registry, get_solver
 from core.running import exclusion, implementations, probe, run_once
@@ -102,12 +103,20 @@ def measure(spec: SolverSpec, implementation: str, problem: Any, repeats: int = 
     At least ``max(3, repeats)`` timed runs; more for short runs, until they
     add up to ``MIN_SAMPLE_SECONDS``, like ``timeit``'s autorange.
     """
+    warm_up, seconds, _ = measure_outputs(spec, implementation, problem, repeats)
+    return warm_up, seconds
+
+
+def measure_outputs(spec: SolverSpec, implementation: str, problem: Any,
+                    repeats: int = 3) -> tuple[float, float, dict]:
+    """As :func:`measure`, with the last run's outputs (what the work it did is read from)."""
     _quiet_after_spinners(backend_of(implementation))
     warm_up = run_once(spec, implementation, problem)[1]
     timed: list[float] = []
     while len(timed) < max(3, repeats) or (sum(timed) < MIN_SAMPLE_SECONDS and len(timed) < MAX_REPEATS):
-        timed.append(run_once(spec, implementation, problem)[1])
-    return warm_up, statistics.median(timed)
+        outputs, seconds = run_once(spec, implementation, problem)
+        timed.append(seconds)
+    return warm_up, statistics.median(timed), outputs
 
 
 def _quiet_after_spinners(backend: str) -> None:
@@ -249,7 +258,7 @@ def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: floa
             return
     began, paused_before = time.perf_counter(), _paused[0]
     try:
-        warm_up, seconds = measure(spec, key, problem, repeats)
+        warm_up, seconds, outputs = measure_outputs(spec, key, problem, repeats)
     except CrossoverError as exc:
         climb.row.stopped, climb.done = f"failed: {exc}", True
         return
@@ -267,12 +276,15 @@ def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: floa
         first_run[key] = False
         climb.row.one_off_seconds = excess
     history.mark_paid(spec, key, problem)
-    climb.records.append(history.sample_record(spec, key, problem, seconds, "calibration"))
+    # the features of the work the runs really did: where convergence ends a solve early, the model learns
+    # the cost of the work done, and the planner learns how much work such problems do
+    climb.records.append(history.sample_record(spec, key, problem, seconds, "calibration", outputs))
     if seconds > sample_cap:
         climb.capped = True
         climb.row.stopped = f"skips problems predicted above the {sample_cap:g} s cap"
 
 
+@accepts_planner
 def calibrate(solvers: Iterable[str] | None = None, *, quick: bool = True, budget: float | None = None,
               progress: bool = False) -> list[SolverCalibration]:
     """Calibrate the named solvers (all registered ones by default) on every available implementation."""

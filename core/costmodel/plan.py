@@ -17,11 +17,17 @@ costs more than 10 % by the models' own account.
 
 **When in doubt, measure.** The plan is *not confident* when a runner-up's
 cost is within twice the combined error of the best (their error bands
-overlap), or when the chosen prediction is extrapolated or uncalibrated. A
-problem that will run again (``expected_calls >= 2``) is then timed once on
-each close candidate whose one-off is already paid, as FFTW's MEASURE
-does; ``core.solve`` keeps the fastest answer, remembers the times for this
-problem and adds them to the history.
+overlap), or when the chosen prediction is extrapolated or uncalibrated.
+Those runners-up are the plan's ``close`` set: ``core.solve`` races them
+through the calls themselves (:mod:`core.costmodel.race`), and a plan for a
+problem that has run warm here predicts it from those runs (status
+``measured``, error from their spread). ``measure`` lists the close
+candidates whose one-offs are paid, for ``planning="measure"``.
+
+**Expected work.** Where a solver's work depends on convergence, the
+features are the work similar problems were seen to do
+(:meth:`~core.costmodel.planner.Planner.expected_work`), and the plan shows
+them in ``expected_work``.
 
 **Expected calls learn from the process.** Left unset, ``expected_calls``
 is the number of times this process has already solved this solver (at
@@ -41,12 +47,12 @@ from typing import Any
 import numpy as np
 
 from core import limits
-from core.backend import safe_free_memory
-from core.costmodel import history
 from core.costmodel.calibrate import ensure_calibrated
 from core.costmodel.design import with_size
 from core.costmodel.features import model_features
 from core.costmodel.fit import CostModel
+from core.costmodel.planner import accepts_planner, current
+from core.costmodel.race import Band, sample_band
 from core.errors import AutoSelectionError
 from core.registry import get_registry, get_solver
 from core.result import Plan, Prediction
@@ -75,7 +81,7 @@ def effective_calls(spec: SolverSpec, expected_calls: float | None) -> float:
     """The calls one-off costs are spread over: the caller's count, or the calls made so far."""
     if expected_calls is not None and not expected_calls > 0:  # also refuses NaN; inf ignores one-offs
         raise AutoSelectionError(f"expected_calls={expected_calls!r} is invalid: must be > 0")
-    return max(float(expected_calls or 1.0), float(history.calls(spec)))
+    return max(float(expected_calls or 1.0), float(current().calls(spec)))
 
 
 @dataclass
@@ -86,11 +92,12 @@ class _Candidate:
     simplicity: int
 
 
-def _predict(spec: SolverSpec, problem: Any, key: str, base: Mapping[str, float], measured: Mapping[str, float],
+def _predict(spec: SolverSpec, problem: Any, key: str, base: Mapping[str, float], measured: Mapping[str, Band],
              one_off: float) -> tuple[Prediction, CostModel | None]:
-    fitted = history.model(spec, key)
-    if key in measured:
-        return Prediction(measured[key], "measured", one_off, MIN_ERROR), fitted
+    fitted = current().model(spec, key)
+    if key in measured:  # warm runs of this very problem, in this planner: their median and spread
+        band = measured[key]
+        return Prediction(band.centre, "measured", one_off, (band.high - band.centre) / band.centre), fitted
     if fitted is None:
         return Prediction(None, "uncalibrated", one_off), None
     seconds, extrapolated = fitted.predict(model_features(spec, problem, key, base))
@@ -101,6 +108,7 @@ def _predict(spec: SolverSpec, problem: Any, key: str, base: Mapping[str, float]
     return Prediction(max(seconds, 0.0), status, one_off, error), fitted
 
 
+@accepts_planner
 def plan(problem: Any, *, solver: str | None = None, expected_calls: float | None = None,
          margin: float | None = None, calibrate: bool = False, explain: bool = True,
          only: Sequence[str] | None = None) -> Plan:
@@ -119,9 +127,13 @@ def plan(problem: Any, *, solver: str | None = None, expected_calls: float | Non
     if calibrate:
         ensure_calibrated(spec)
     calls = effective_calls(spec, expected_calls)
-    base = spec.features(problem)
-    measured = history.remembered(spec, base)
+    planner = current()
+    nominal = spec.features(problem)
+    base = planner.expected_work(spec, problem, nominal)
+    race = planner.known_race(spec, nominal)
+    measured = {key: sample_band(seconds) for key, seconds in race.warm.items() if seconds} if race else {}
     backends = get_registry().backends
+    free_memory: dict[str, float | None] = {}  # read once per plan: each read opens /proc and cgroup files
     predictions: dict[str, Prediction] = {}
     excluded: dict[str, str] = {}
     candidates: dict[str, _Candidate] = {}
@@ -129,12 +141,12 @@ def plan(problem: Any, *, solver: str | None = None, expected_calls: float | Non
     for key in implementations(spec):
         if only is not None and key not in only:
             continue
-        one_off = history.one_off(spec, key, problem)
+        one_off = planner.one_off(spec, key, problem)
         prediction, fitted = _predict(spec, problem, key, base, measured, one_off)
         predictions[key] = prediction
         if fitted is not None:
             models[key] = fitted
-        why = exclusion(spec, problem, key)
+        why = exclusion(spec, problem, key, free_memory)
         if not why and prediction.seconds is None:
             why = "uncalibrated on this machine (run `crossover calibrate`)"
         if why:
@@ -149,14 +161,15 @@ def plan(problem: Any, *, solver: str | None = None, expected_calls: float | Non
     thresholds = ()
     if explain:
         runnable = {k: m for k, m in models.items() if not excluded.get(k, "").startswith(("unavailable", "unsupp"))}
-        free = {k: safe_free_memory(backends[backend_of(k)]) for k in runnable}
+        free = {k: free_memory.get(backend_of(k)) for k in runnable}
         thresholds = tuple(break_even(spec, problem, runnable, free))
     warning = limits.too_long(spec.name, chosen, predictions[chosen].seconds,
                               limits.predicted_memory(spec, problem, chosen), limits.max_seconds())
     if warning:  # say it in the plan too, so `crossover plan` warns before `crossover run` refuses
         reason = f"{reason}; WARNING: {warning}"
     return Plan(solver=spec.name, backend=chosen, reason=reason, predictions=predictions, excluded=excluded,
-                break_even=thresholds, measure=to_measure, close=close, expected_calls=calls, confident=confident)
+                break_even=thresholds, measure=to_measure, close=close, expected_calls=calls, confident=confident,
+                expected_work={name: value for name, value in base.items() if value != nominal.get(name)})
 
 
 def _margins(candidates: Mapping[str, _Candidate], best: str, margin: float | None) -> dict[str, float]:
@@ -191,9 +204,7 @@ def _decide(candidates: Mapping[str, _Candidate], calls: float,
         ready = [k for k in close if candidates[k].prediction.one_off_seconds == 0.0]
         if calls >= 2 and len(ready) >= 2:
             to_measure = tuple(ready[:MEASURE_AT_MOST])
-            reason += f"; not confident ({why}): measuring {', '.join(to_measure)} once on this problem"
-        else:
-            reason += f"; not confident ({why})"
+        reason += f"; not confident ({why})"
     return chosen, reason, confident, to_measure, tuple(close)
 
 

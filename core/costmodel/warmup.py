@@ -22,6 +22,7 @@ shutdown can crash). ``CROSSOVER_TIER_UP=0`` turns this off.
 from __future__ import annotations
 
 import atexit
+import contextvars
 import logging
 import threading
 from collections.abc import Iterator
@@ -103,8 +104,9 @@ def tier_up(spec: SolverSpec, decision: Plan) -> str | None:
         problem = _first_supported(spec, key)
         if problem is None:
             return None
-        thread = threading.Thread(target=_warm, args=(spec, key, problem), daemon=True,
-                                  name=f"crossover-warm-{key}")
+        # in a copy of this context, so the warm-up is paid on the caller's planner, not the default one
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(_warm, spec, key, problem),
+                                  daemon=True, name=f"crossover-warm-{key}")
         _warming[(spec.name, key)] = thread
         thread.start()
         return key

@@ -2,11 +2,14 @@
 
 For each registered solver (or those named): a fresh cache directory,
 ``crossover calibrate SOLVER`` (quick) timed, then ``crossover evaluate
-SOLVER`` on seeded random held-out problems of its size space. Writes the
-calibration and evaluation tables and a summary line per solver to
-``--out`` (default: stdout only).
+SOLVER --json`` on seeded random held-out problems of its size space (the
+real loop of ``core.solve``, then warm timings). Writes the calibration
+table, the evaluation's JSON and a summary per solver to ``--out``
+(default: stdout only): the final call's median and maximum regret, the
+worst loop total over ``calls`` times the best, the models' pick's regret,
+and the share of problems predicted within a factor of 2.
 
-    python docs/scripts/evaluate_all.py [SOLVER ...] [--out DIR] [--count 12] [--seed 2024]
+    python docs/scripts/evaluate_all.py [SOLVER ...] [--out DIR] [--count 12] [--seed 2024] [--calls 3]
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ def main() -> int:
     parser.add_argument("--out")
     parser.add_argument("--count", default="12")
     parser.add_argument("--seed", default="2024")
+    parser.add_argument("--calls", default="3")
     args = parser.parse_args()
     import core
 
@@ -47,17 +51,27 @@ def main() -> int:
         began = time.perf_counter()
         calibration = crossover("calibrate", name, env=env)
         calibrate_seconds = time.perf_counter() - began
-        evaluation = crossover("evaluate", name, "--count", args.count, "--seed", args.seed, env=env)
+        began = time.perf_counter()
+        evaluation = crossover("evaluate", name, "--count", args.count, "--seed", args.seed, "--calls", args.calls,
+                               "--json", env=env)
+        evaluate_seconds = time.perf_counter() - began
         text = (f"## {name}\n\n$ crossover calibrate {name}   ({calibrate_seconds:.1f} s wall)\n"
-                f"{calibration.stdout}{calibration.stderr}\n$ crossover evaluate {name}\n"
-                f"{evaluation.stdout}{evaluation.stderr}\n")
+                f"{calibration.stdout}{calibration.stderr}\n$ crossover evaluate {name} --json   "
+                f"({evaluate_seconds:.1f} s wall)\n{evaluation.stderr}\n")
         print(text, flush=True)
         if out:
             (out / f"{name}.txt").write_text(text)
+            (out / f"{name}.json").write_text(evaluation.stdout)
         failed += calibration.returncode != 0 or evaluation.returncode != 0
-        last = [line for line in evaluation.stdout.splitlines() if line.startswith("median regret")]
+        try:
+            found = json.loads(evaluation.stdout)
+            result = {key: found[key] for key in ("median_final_regret", "max_final_regret", "max_loop_ratio",
+                                                  "median_regret", "max_regret", "predictions_within_2x")}
+        except (ValueError, KeyError):
+            result = {"failed": evaluation.stdout[-500:]}
         summary.append({"solver": name, "calibrate_seconds": round(calibrate_seconds, 1),
-                        "result": last[0] if last else "failed"})
+                        "evaluate_seconds": round(evaluate_seconds, 1), **result})
+        print(json.dumps(summary[-1]), flush=True)
     print(json.dumps(summary, indent=1))
     if out:
         (out / "summary.json").write_text(json.dumps(summary, indent=1))

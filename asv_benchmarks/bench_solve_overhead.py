@@ -1,0 +1,97 @@
+"""What ``core.solve`` costs on top of the kernel it runs, in steady state.
+
+A user's loop calls ``core.solve(problem)`` again and again; every call
+plans, runs the chosen implementation, and observes the time. The overhead
+is the call's wall time minus the kernel's own measured time
+(``Result.seconds``, which covers the implementation and its device-to-host
+copy). The goal: at most 0.3 ms, or 2 % of the solve.
+
+``track_overhead_ms`` is the median overhead over many steady-state calls
+(after the loop settled) of a small problem of each solver;
+``track_overhead_fraction`` divides it by the solve's median time.
+
+Run it without asv too: ``python asv_benchmarks/bench_solve_overhead.py``
+(a quick calibration of each solver first, in a temporary wisdom store).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import core
+from core.costmodel import history
+
+PROBLEMS = {
+    "example.random_walk": {"n_walkers": 2_000, "n_steps": 20},
+    "mfg.fp_particle": {"N": 2_000, "Nx": 31, "Nt": 20},
+    "ml.linreg": {"n_samples": 2_000, "n_epochs": 10},
+}
+WARM_CALLS = 20
+TIMED_CALLS = 200
+
+
+def _problem(solver: str):
+    from core.registry import get_solver
+    from core.solver import problem_from_params
+
+    return problem_from_params(get_solver(solver), PROBLEMS[solver])
+
+
+def steady_overhead(solver: str, calls: int = TIMED_CALLS) -> tuple[float, float]:
+    """(median overhead seconds, median kernel seconds) of ``calls`` steady-state ``core.solve`` calls."""
+    problem = _problem(solver)
+    for _ in range(WARM_CALLS):  # the loop settles: one-offs paid, contenders tried
+        core.solve(problem, solver=solver)
+    overheads, kernels = [], []
+    for _ in range(calls):
+        began = time.perf_counter()
+        result = core.solve(problem, solver=solver)
+        overheads.append(time.perf_counter() - began - result.seconds)
+        kernels.append(result.seconds)
+    return statistics.median(overheads), statistics.median(kernels)
+
+
+class SolveOverhead:
+    params = (tuple(PROBLEMS),)
+    param_names = ("solver",)
+    timeout = 900
+
+    def setup_cache(self) -> str:
+        directory = tempfile.mkdtemp(prefix="crossover-asv-overhead-")
+        os.environ["CROSSOVER_CACHE_DIR"] = directory
+        history.forget()
+        core.calibrate(list(PROBLEMS), quick=True)
+        return directory
+
+    def setup(self, directory: str, solver: str) -> None:
+        os.environ["CROSSOVER_CACHE_DIR"] = directory
+        history.forget()
+
+    def track_overhead_ms(self, directory: str, solver: str) -> float:
+        return 1e3 * steady_overhead(solver)[0]
+
+    track_overhead_ms.unit = "ms per call"
+
+    def track_overhead_fraction(self, directory: str, solver: str) -> float:
+        overhead, kernel = steady_overhead(solver)
+        return overhead / kernel
+
+    track_overhead_fraction.unit = "overhead / kernel seconds"
+
+
+def main() -> None:
+    bench = SolveOverhead()
+    directory = bench.setup_cache()
+    for solver in sys.argv[1:] or PROBLEMS:
+        bench.setup(directory, solver)
+        overhead, kernel = steady_overhead(solver)
+        print(f"{solver:22s} overhead {overhead * 1e3:7.3f} ms  kernel {kernel * 1e3:8.3f} ms  "
+              f"({overhead / kernel:.1%} of the solve)")
+
+
+if __name__ == "__main__":
+    main()

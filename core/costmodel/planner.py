@@ -1,0 +1,547 @@
+"""The Planner: all the cost model's state in one object, as FFTW's planner holds its wisdom.
+
+It holds the stored timings (the wisdom file's content), the models fitted
+from them, the one-off costs this process has paid, the calls counted, the
+online loop's races (:mod:`core.costmodel.race`) and the work each solver
+was seen to do. ``core.solve`` is plan -> run -> observe on the *current*
+planner: the process's default one, or one a caller installs with
+:func:`use` (``evaluate`` does, to start each held-out problem from the
+calibration alone; tests do, instead of resetting globals).
+
+Models are refitted on a schedule, not on every solve: a solve's sample is
+visible at once to the online loop, and reaches the model once a pair's new
+samples are as many as it was fitted on (at least :data:`REFIT_AFTER`).
+Timings of real solves are buffered and written to the wisdom file at most
+every few seconds and at exit.
+
+One-off costs are kept where they are paid, which is a fact about this
+*process*, shared by every planner in it (:class:`ProcessFacts`):
+
+- a *backend's* start (process pool, CUDA context, cluster connection) once
+  per process, whichever solver pays it;
+- an *implementation's* JIT compile once per process, or, for a variant
+  that compiles per shape (``SolverSpec.compile_key``), once per shape.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import copy
+import functools
+import math
+import os
+import statistics
+import threading
+import time
+import warnings
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from core.backend import Backend
+from core.costmodel import store
+from core.costmodel.features import feature_names, model_features
+from core.costmodel.fit import CostModel, Sample, fit
+from core.costmodel.race import Race
+from core.solver import SolverSpec, backend_of
+
+HISTORY_LIMIT = 200  # solve samples kept per (solver, implementation); calibration samples are kept apart
+FLUSH_INTERVAL = 5.0
+ONE_OFF_KEEP = 9
+REFIT_AFTER = 8  # new solve samples that make a pair's model refit (or a quarter of its samples, if more)
+WORK_NEIGHBOURS = 5  # observed problems whose work-done ratio predicts a new problem's
+WORK_KEEP = 400  # work observations kept per solver
+
+
+T = TypeVar("T")
+
+
+class IdentifiabilityWarning(UserWarning):
+    """A cost-model coefficient could not be determined from the samples and was dropped."""
+
+
+@dataclass
+class ProcessFacts:
+    """What this process has paid: backends started, implementations compiled (per shape)."""
+
+    started: set[str] = field(default_factory=set)
+    paid: set[tuple[str, str, Hashable]] = field(default_factory=set)
+    version: int = 0  # bumped when anything is paid: a cached plan's one-offs are then stale
+
+
+def problem_key(features: Mapping[str, float]) -> tuple:
+    """A problem's identity for the loop: its nominal features (two problems that cost alike are alike)."""
+    return tuple(sorted(features.items()))
+
+
+def numeric_fields(problem: Any) -> dict[str, float]:
+    """The problem's positive numeric fields, for finding problems that converge alike."""
+    found = {}
+    for name, value in getattr(problem, "__dict__", {}).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value):
+            found[name] = float(value)
+    return found
+
+
+class Planner:
+    """The cost model's state, and the three verbs on it: plan, observe, calibrate.
+
+    ``persist=False`` keeps everything in memory (no wisdom file read or
+    written). A new planner starts from the wisdom file with nothing
+    measured in this process; :meth:`from_calibration` copies another
+    planner's calibration only.
+    """
+
+    def __init__(self, *, persist: bool = True, process: ProcessFacts | None = None):
+        self.persist = persist
+        self.process = process if process is not None else ProcessFacts()
+        self._lock = threading.RLock()
+        self._stored: dict[str, Any] | None = None
+        self._models: dict[tuple[str, str], tuple[tuple, int, CostModel]] = {}
+        self._fresh: dict[tuple[str, str], int] = {}  # solve samples since the pair's model was fitted
+        self._calls: dict[str, int] = {}
+        self._races: dict[tuple[str, tuple], Race] = {}
+        self._work: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {}
+        self._warned: set[tuple[str, str, tuple]] = set()
+        self._retaken: set[tuple[str, str]] = set()
+        self._pending: list[tuple[str, str, str, dict[str, Any]]] = []
+        self._last_flush = 0.0
+        self.epoch = 0  # bumped when a model or a calibration changes: cached plans are then stale
+
+    @classmethod
+    def from_calibration(cls, other: Planner) -> Planner:
+        """A planner holding only ``other``'s calibration samples and one-offs, sharing this process's facts.
+
+        Nothing it learns is written to disk: it is for asking "what would a
+        user who only calibrated get?" (``evaluate``).
+        """
+        data = copy.deepcopy(other.stored())
+        for entry in data.get("solvers", {}).values():
+            for slot in entry.get("backends", {}).values():
+                slot["history"] = []
+        fresh = cls(persist=False, process=other.process)
+        fresh._stored = data
+        return fresh
+
+    # -- the stored timings ------------------------------------------------------------
+
+    def _off(self) -> bool:
+        # pool workers run with one thread on a machine fingerprinted for the parent: their timings
+        # would describe another configuration, and their fingerprint would call the parent's file stale
+        return not self.persist or os.environ.get("CROSSOVER_POOL_WORKER") == "1"
+
+    def stored(self) -> dict[str, Any]:
+        with self._lock:
+            if self._stored is None:
+                self._stored = store.empty() if self._off() else store.load()
+            return self._stored
+
+    def forget(self) -> None:
+        """Drop everything this planner holds in memory (it reads the wisdom file again on next use)."""
+        with self._lock:
+            if self.persist:
+                store.forget()
+            self._stored = None
+            self._models.clear()
+            self._fresh.clear()
+            self._calls.clear()
+            self._races.clear()
+            self._work.clear()
+            self._warned.clear()
+            self._retaken.clear()
+            self._pending.clear()
+            self.process.started.clear()
+            self.process.paid.clear()
+            self.epoch += 1
+
+    def export(self) -> dict[str, Any]:
+        """The stored timings as plain JSON-able data (what the wisdom file holds)."""
+        self.flush()
+        return copy.deepcopy(self.stored())
+
+    def import_(self, data: Mapping[str, Any]) -> None:
+        """Replace the stored timings with ``data`` (from :meth:`export`), in memory and, if persisting, on disk."""
+        copied = copy.deepcopy(dict(data))
+
+        def change(current: dict[str, Any]) -> None:
+            current.clear()
+            current.update(copied)
+
+        with self._lock:
+            self._stored = copied if self._off() else store.update(change)
+            self._models.clear()
+            self._work.clear()
+            self.epoch += 1
+
+    def entry(self, spec: SolverSpec, implementation: str) -> dict[str, Any] | None:
+        entry = self.stored()["solvers"].get(spec.name)
+        if entry is None or entry.get("version") != spec.version:
+            return None
+        return entry["backends"].get(implementation)
+
+    def take_set_aside(self, spec: SolverSpec) -> list[str]:
+        """Implementations of ``spec`` whose timings a configuration change set aside, to measure again.
+
+        Each is returned once, so a measurement that fails is not retried on every call.
+        """
+        entry = self.stored()["solvers"].get(spec.name)
+        if entry is None or entry.get("version") != spec.version:
+            return []
+        with self._lock:
+            found = [key for key, slot in entry["backends"].items() if store.SET_ASIDE in slot
+                     and not slot.get("calibration") and (spec.name, key) not in self._retaken]
+            self._retaken.update((spec.name, key) for key in found)
+        return found
+
+    # -- models ------------------------------------------------------------------------
+
+    def samples(self, spec: SolverSpec, implementation: str) -> list[Sample]:
+        """Calibration and solve samples, one per distinct feature vector (median of repeats).
+
+        Collapsing repeats keeps a thousand solves at one size from outweighing
+        the rest of the design in the fit.
+        """
+        entry = self.entry(spec, implementation) or {}
+        names = set(feature_names(spec, implementation))
+        groups: dict[tuple, list[float]] = {}
+        features: dict[tuple, Mapping[str, float]] = {}
+        for record in entry.get("calibration", []) + entry.get("history", []):
+            if set(record["features"]) != names:
+                continue  # measured when the solver declared other features: not comparable
+            key = tuple(sorted(record["features"].items()))
+            groups.setdefault(key, []).append(float(record["seconds"]))
+            features[key] = record["features"]
+        return [Sample(features[key], statistics.median(values)) for key, values in groups.items()]
+
+    def model(self, spec: SolverSpec, implementation: str) -> CostModel | None:
+        """The fitted model for the pair, or None if it was never calibrated here.
+
+        Refitted when its calibration changed, or once the new solve samples
+        are as many as those it was fitted on (at least :data:`REFIT_AFTER`):
+        a refit per solve made planning most of a small solve's cost, and a
+        loop's repeated problem adds no new point to the fit anyway (the
+        online loop follows it from its own samples).
+        """
+        entry = self.entry(spec, implementation)
+        if not entry or not entry.get("calibration"):
+            return None
+        signature = (id(entry), id(entry["calibration"]), len(entry["calibration"]))
+        pair = (spec.name, implementation)
+        with self._lock:
+            cached = self._models.get(pair)
+            fresh = self._fresh.get(pair, 0)
+            if cached is None or cached[0] != signature or fresh >= max(REFIT_AFTER, cached[1]):
+                found = self.samples(spec, implementation)
+                if not found:
+                    return None
+                records = len(entry["calibration"]) + len(entry.get("history", []))
+                cached = (signature, records, fit(found, feature_names(spec, implementation)))
+                self._models[pair] = cached
+                self._fresh[pair] = 0
+                self.epoch += 1
+                self._report_undetermined(spec, implementation, cached[2])
+            return cached[2]
+
+    def _report_undetermined(self, spec: SolverSpec, implementation: str, fitted: CostModel) -> None:
+        key = (spec.name, implementation, fitted.undetermined)
+        if fitted.undetermined and key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"cost model of {spec.name} on {implementation}: the samples cannot determine "
+                          f"{', '.join(repr(n) for n in fitted.undetermined)} (it moved only with other features); "
+                          "dropped from the fit, and predictions off the measured span are marked extrapolated",
+                          IdentifiabilityWarning, stacklevel=4)
+
+    # -- expected work -----------------------------------------------------------------
+
+    def _work_seen(self, spec: SolverSpec) -> list[tuple[dict[str, float], dict[str, float]]]:
+        """(problem's numeric fields, done / nominal ratio per feature) for every sample that recorded both."""
+        with self._lock:
+            seen = self._work.get(spec.name)
+            if seen is None:
+                seen = []
+                entry = self.stored()["solvers"].get(spec.name)
+                if entry is not None and entry.get("version") == spec.version:
+                    for slot in entry["backends"].values():
+                        for record in slot.get("calibration", []) + slot.get("history", []):
+                            if "nominal" in record and "fields" in record:
+                                seen.append((record["fields"], _ratios(record["nominal"], record["features"])))
+                self._work[spec.name] = seen = seen[-WORK_KEEP:]
+            return seen
+
+    def expected_work(self, spec: SolverSpec, problem: Any, nominal: Mapping[str, float]) -> dict[str, float]:
+        """The features a solve of ``problem`` is expected to do: nominal, scaled by what similar problems did.
+
+        Work that depends on convergence (Picard or LM iterations, steps)
+        is known only after a solve (``SolverSpec.work_done``). Each feature's
+        done-over-nominal ratio is the median over the :data:`WORK_NEIGHBOURS`
+        observed problems nearest in log space of their numeric fields
+        (sizes, tolerances, caps), so a tighter tolerance expects more work.
+        """
+        if spec.work_done is None:
+            return dict(nominal)
+        seen = self._work_seen(spec)
+        if not seen:
+            return dict(nominal)
+        here = numeric_fields(problem)
+        nearest = sorted(seen, key=lambda item: _distance(here, item[0]))[:WORK_NEIGHBOURS]
+        expected = {}
+        for name, value in nominal.items():
+            ratios = [ratios[name] for _, ratios in nearest if name in ratios]
+            expected[name] = value * statistics.median(ratios) if ratios else value
+        return expected
+
+    def _add_work(self, spec: SolverSpec, record: Mapping[str, Any]) -> None:
+        if "nominal" in record and "fields" in record:
+            seen = self._work_seen(spec)
+            seen.append((record["fields"], _ratios(record["nominal"], record["features"])))
+            del seen[:-WORK_KEEP]
+
+    # -- one-off costs -----------------------------------------------------------------
+
+    def _paid_key(self, spec: SolverSpec, implementation: str, problem: Any) -> tuple[str, str, Hashable]:
+        shape = spec.compile_key(problem, implementation) if spec.compile_key is not None else ()
+        return spec.name, implementation, shape
+
+    def implementation_one_off(self, spec: SolverSpec, implementation: str, problem: Any) -> float:
+        """The implementation's stored one-off (JIT) if still unpaid here for this problem's shape, else 0."""
+        if self._paid_key(spec, implementation, problem) in self.process.paid:
+            return 0.0
+        return float((self.entry(spec, implementation) or {}).get("one_off_seconds", 0.0))
+
+    def backend_one_off(self, backend: str) -> float:
+        """The backend's stored start cost if it has not started in this process, else 0."""
+        if backend in self.process.started:
+            return 0.0
+        return float(self.stored().get("backends", {}).get(backend, {}).get("start_seconds", 0.0))
+
+    def one_off(self, spec: SolverSpec, implementation: str, problem: Any) -> float:
+        """Every one-off cost a run of ``implementation`` on ``problem`` would still pay in this process."""
+        return self.backend_one_off(backend_of(implementation)) + self.implementation_one_off(spec, implementation,
+                                                                                               problem)
+
+    def is_paid(self, spec: SolverSpec, implementation: str, problem: Any) -> bool:
+        return self._paid_key(spec, implementation, problem) in self.process.paid
+
+    def mark_paid(self, spec: SolverSpec, implementation: str, problem: Any) -> None:
+        key = self._paid_key(spec, implementation, problem)
+        if key not in self.process.paid:
+            self.process.paid.add(key)
+            self.process.version += 1
+
+    def start_backend(self, backend: Backend) -> float | None:
+        """Pay the backend's one-off start in this process (once) and record what it took.
+
+        Returns the seconds it took, or None where it had already started or
+        has nothing to start.
+        """
+        with self._lock:
+            if backend.name in self.process.started:
+                return None
+            self.process.started.add(backend.name)
+            self.process.version += 1
+        if backend.start is None:
+            return None
+        began = time.perf_counter()
+        try:
+            backend.start()
+        except BaseException:
+            self.process.started.discard(backend.name)  # not started: the next run tries again
+            raise
+        seconds = time.perf_counter() - began
+        self.record_start(backend.name, seconds)
+        return seconds
+
+    def record_start(self, backend: str, seconds: float) -> None:
+        """Add an observed start cost of a backend (the stored one is the median of the last few)."""
+        self._change(lambda data: _add_observation(data.setdefault("backends", {}).setdefault(backend, {}),
+                                                   "start", seconds))
+
+    def record_one_off(self, spec: SolverSpec, implementation: str, seconds: float) -> None:
+        """Add an observed one-off cost (a first call's excess over the model) for a calibrated pair."""
+        def change(data: dict[str, Any]) -> None:
+            entry = data["solvers"].get(spec.name)
+            if entry is not None and entry.get("version") == spec.version and implementation in entry["backends"]:
+                _add_observation(entry["backends"][implementation], "one_off", seconds)
+
+        self._change(change)
+
+    # -- calls and the online loop -----------------------------------------------------
+
+    def count_call(self, spec: SolverSpec) -> int:
+        """Count one more solve of ``spec``; returns how many there have been."""
+        with self._lock:
+            self._calls[spec.name] = self._calls.get(spec.name, 0) + 1
+            return self._calls[spec.name]
+
+    def calls(self, spec: SolverSpec) -> int:
+        return self._calls.get(spec.name, 0)
+
+    def race(self, spec: SolverSpec, nominal: Mapping[str, float]) -> Race:
+        """The online loop's state for this problem (created empty on first use)."""
+        key = (spec.name, problem_key(nominal))
+        with self._lock:
+            found = self._races.get(key)
+            if found is None:
+                found = self._races[key] = Race()
+            return found
+
+    def known_race(self, spec: SolverSpec, nominal: Mapping[str, float]) -> Race | None:
+        return self._races.get((spec.name, problem_key(nominal)))
+
+    def observe(self, spec: SolverSpec, implementation: str, problem: Any, seconds: float,
+                outputs: Mapping[str, Any] | None, cold: bool, nominal: Mapping[str, float] | None = None) -> None:
+        """Learn from one solve: the loop's estimate for this problem, and (if warm) the model's history."""
+        nominal = spec.features(problem) if nominal is None else nominal
+        self.race(spec, nominal).add(implementation, seconds, cold)
+        if not cold:  # a call that paid a one-off would bias the steady-state model
+            self.record_solve(spec, implementation, self.sample_record(spec, implementation, problem, seconds,
+                                                                       "solve", outputs, nominal))
+
+    # -- writing -----------------------------------------------------------------------
+
+    def _change(self, change) -> None:
+        with self._lock:
+            if self._off():
+                change(self.stored())
+                return
+            # never raises for the store's faults: where the disk is unusable the change lands in memory
+            self._stored = store.update(change)
+
+    def record_calibration(self, spec: SolverSpec, implementation: str, records: list[dict[str, Any]],
+                           one_off_seconds: float | None, details: Mapping[str, Any]) -> None:
+        """Replace the pair's calibration samples (and one-off cost, when measured) now."""
+        def change(data: dict[str, Any]) -> None:
+            entry = store.solver_entry(data, spec.name, spec.version)
+            slot = entry["backends"].setdefault(implementation, {})
+            slot.pop(store.SET_ASIDE, None)  # measured again under this configuration
+            slot["calibration"] = records
+            slot["calibrated_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+            slot["details"] = dict(details)
+            slot.setdefault("history", [])
+            if one_off_seconds is not None:
+                _add_observation(slot, "one_off", one_off_seconds)
+            # never measured (the pair had already run in the calibrating process): unknown, charged as 0
+            slot.setdefault("one_off_seconds", 0.0)
+
+        with self._lock:
+            self.flush()
+            self._change(change)
+            self._work.pop(spec.name, None)
+            self.epoch += 1
+
+    def sample_record(self, spec: SolverSpec, implementation: str, problem: Any, seconds: float, source: str,
+                      outputs: Mapping[str, Any] | None = None,
+                      nominal: Mapping[str, float] | None = None) -> dict[str, Any]:
+        """One timing as stored; with a solve's ``outputs``, the features of the work it really did."""
+        return sample_record(spec, implementation, problem, seconds, source, outputs, nominal)
+
+    def record_solve(self, spec: SolverSpec, implementation: str, record: dict[str, Any]) -> None:
+        """Add a real solve's timing; the model refits on its schedule."""
+        with self._lock:
+            if not self._off():
+                self._pending.append((spec.name, spec.version, implementation, record))
+            entry = self.entry(spec, implementation)
+            if entry is not None:  # visible to this process's models at their next refit
+                entry.setdefault("history", []).append(record)
+                del entry["history"][:-HISTORY_LIMIT]
+                pair = (spec.name, implementation)
+                self._fresh[pair] = self._fresh.get(pair, 0) + 1
+            self._add_work(spec, record)
+            if time.monotonic() - self._last_flush > FLUSH_INTERVAL:
+                self.flush()
+
+    def flush(self) -> None:
+        """Write buffered solve timings to the wisdom file."""
+        with self._lock:
+            self._last_flush = time.monotonic()
+            if not self._pending or self._off():
+                self._pending.clear()
+                return
+            batch = list(self._pending)
+            self._pending.clear()
+
+            def change(data: dict[str, Any]) -> None:
+                for name, version, implementation, record in batch:
+                    entry = data["solvers"].get(name)
+                    if entry is None or entry.get("version") != version or implementation not in entry["backends"]:
+                        continue  # only calibrated pairs keep a history
+                    history = entry["backends"][implementation].setdefault("history", [])
+                    if any(kept is record for kept in history):
+                        continue  # already in this process's copy (record_solve), which the store kept
+                    history.append(record)
+                    del history[:-HISTORY_LIMIT]
+
+            self._stored = store.update(change)
+
+
+def sample_record(spec: SolverSpec, implementation: str, problem: Any, seconds: float, source: str,
+                  outputs: Mapping[str, Any] | None = None,
+                  nominal: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """One timing as stored: the features of the work done (from ``outputs``), the nominal ones, the fields."""
+    nominal = dict(spec.features(problem) if nominal is None else nominal)
+    done = spec.work_done(problem, outputs) if outputs is not None and spec.work_done is not None else None
+    record = {"features": model_features(spec, problem, implementation, done or nominal),
+              "size": float(getattr(problem, spec.size_axis)), "seconds": float(seconds), "source": source,
+              "at": time.time()}
+    if done is not None:  # what the expected-work model learns from
+        record["nominal"] = {name: float(value) for name, value in nominal.items()}
+        record["fields"] = numeric_fields(problem)
+    return record
+
+
+def _ratios(nominal: Mapping[str, float], done: Mapping[str, float]) -> dict[str, float]:
+    return {name: float(done[name]) / float(value) for name, value in nominal.items()
+            if name in done and float(value) > 0}
+
+
+def _distance(here: Mapping[str, float], there: Mapping[str, float]) -> float:
+    shared = [name for name in here if name in there and there[name] > 0]
+    if not shared:
+        return math.inf
+    return sum(math.log(here[name] / there[name]) ** 2 for name in shared) + (len(here) - len(shared))
+
+
+def _add_observation(slot: dict[str, Any], what: str, seconds: float) -> None:
+    """Keep the last few observations; the stored cost is their median (one cold cache does not set it)."""
+    observations = slot.setdefault(f"{what}_observations", [])
+    observations.append(float(seconds))
+    del observations[:-ONE_OFF_KEEP]
+    slot[f"{what}_seconds"] = statistics.median(observations)
+
+
+# -- the current planner ------------------------------------------------------------------
+
+DEFAULT = Planner()
+_current: contextvars.ContextVar[Planner] = contextvars.ContextVar("crossover_planner", default=DEFAULT)
+
+
+def current() -> Planner:
+    """The planner ``core.solve`` and ``core.plan`` use here: the default one, or one installed by :func:`use`."""
+    return _current.get()
+
+
+@contextmanager
+def use(planner: Planner) -> Iterator[Planner]:
+    """Make ``planner`` the current one inside the block (this thread and its context only)."""
+    token = _current.set(planner)
+    try:
+        yield planner
+    finally:
+        _current.reset(token)
+
+
+def accepts_planner(function: Callable[..., T]) -> Callable[..., T]:
+    """Give a public verb (``solve``, ``plan``, ``calibrate``) a ``planner=`` argument: run it on that planner."""
+    @functools.wraps(function)
+    def on_planner(*args: Any, planner: Planner | None = None, **kwargs: Any) -> T:
+        if planner is None:
+            return function(*args, **kwargs)
+        with use(planner):
+            return function(*args, **kwargs)
+
+    return on_planner
+
+
+atexit.register(lambda: DEFAULT.flush())

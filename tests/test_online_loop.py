@@ -1,0 +1,222 @@
+"""The online loop that ``core.solve`` runs call after call, and the Planner that holds its state.
+
+Synthetic implementations of known cost (sleeps) make the truth exact: the
+rule of docs/costmodel.md ("The online loop") is pinned on the pure
+function, then on real ``core.solve`` calls, then ``evaluate`` is shown to
+catch a loop that keeps a cold sample.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+import core
+from core.costmodel import planner as planning
+from core.costmodel.evaluate import evaluate
+from core.costmodel.planner import Planner, current, use
+from core.costmodel.race import EXPLORE_AT_MOST, ONE_SAMPLE_SPREAD, Race, next_step, sample_band
+from tests.test_selection import GRID, GridProblem, _calibrate, _install, _spec
+
+
+@pytest.fixture
+def clean(fresh_registry, empty_cache):
+    yield
+
+
+# -- the rule, on the pure function ---------------------------------------------------------
+
+
+def test_nothing_warm_yet_runs_the_plans_pick():
+    step = next_step({"a": (1.0, 0.1), "b": (1.1, 0.1)}, Race(), first="a", calls_left=math.inf)
+    assert step.implementation == "a" and not step.explore
+
+
+def test_a_cold_run_is_never_compared_with_warm_ones():
+    race = Race()
+    race.add("a", 10.0, cold=True)  # a's first call paid a compile: 10x its warm time
+    race.add("b", 1.3, cold=False)
+    # b leads on warm evidence, but a has not run warm here: it is tried, not judged by its cold run
+    step = next_step({"a": (1.0, 0.1), "b": (1.3, 0.1)}, race, first="a", calls_left=math.inf)
+    assert step.implementation == "a" and step.explore
+    race.add("a", 1.0, cold=False)
+    assert next_step({"a": (1.0, 0.1), "b": (1.3, 0.1)}, race, first="a", calls_left=math.inf).implementation == "a"
+
+
+def test_the_spread_comes_from_the_samples():
+    one = sample_band([2.0])
+    assert (one.low, one.high) == (2.0 * (1 - ONE_SAMPLE_SPREAD), 2.0 * (1 + ONE_SAMPLE_SPREAD))
+    several = sample_band([1.0, 1.2, 1.1, 1.6])
+    assert several.centre == pytest.approx(1.15) and several.high == pytest.approx(1.15 + 0.3)
+
+
+def test_a_contender_is_dropped_only_when_the_data_say_it_is_slower():
+    race = Race()
+    for seconds in (1.00, 1.01, 0.99):
+        race.add("a", seconds, cold=False)
+    # b's model says 1.05 +- 2 x 10 %: its band overlaps a's, so it is tried
+    near = next_step({"a": (1.0, 0.1), "b": (1.05, 0.1)}, race, first="a", calls_left=math.inf)
+    assert near.implementation == "b" and near.explore
+    for seconds in (1.9, 2.0):
+        race.add("b", seconds, cold=False)
+    settled = next_step({"a": (1.0, 0.1), "b": (1.05, 0.1)}, race, first="a", calls_left=math.inf)
+    assert settled.implementation == "a" and settled.dropped == ("b",) and not settled.explore
+
+
+def test_a_drifting_leader_loses_the_lead_and_the_runner_up_is_rechecked():
+    race = Race()
+    for seconds in (1.0, 1.0, 1.0):
+        race.add("a", seconds, cold=False)
+    race.add("b", 1.2, cold=False)
+    assert next_step({"a": (1.0, 0.1), "b": (1.2, 0.1)}, race, "a", math.inf).implementation == "a"
+    for seconds in (1.5, 1.5, 1.5):  # a's machine got busy: its recent runs are slower than b's
+        race.add("a", seconds, cold=False)
+    assert next_step({"a": (1.0, 0.1), "b": (1.2, 0.1)}, race, "a", math.inf).implementation == "b"
+
+
+def test_exploring_is_bounded_and_needs_a_call_left_to_profit():
+    race = Race()
+    race.add("a", 1.0, cold=False)
+    guesses = {"a": (1.0, 0.1), "b": (1.0, 0.1)}
+    assert next_step(guesses, race, "a", calls_left=1).implementation == "a"  # no later call to profit
+    race.explored = EXPLORE_AT_MOST
+    assert next_step(guesses, race, "a", calls_left=math.inf).implementation == "a"
+
+
+# -- the loop, through core.solve -------------------------------------------------------------
+
+
+def _sleeper(seconds, first_per_shape=None, seen=None):
+    """An implementation taking ``seconds``; with ``first_per_shape``, its first call on each shape takes that."""
+    def run(problem):
+        if first_per_shape is not None and (problem.n, problem.m) not in seen:
+            seen.add((problem.n, problem.m))
+            time.sleep(first_per_shape)
+        else:
+            time.sleep(seconds)
+        return {"n": np.array(problem.n)}
+
+    return run
+
+
+def test_the_loop_settles_on_the_truly_fastest_and_stays(clean):
+    # the models think serial and pool are neck and neck; in truth pool is 10x faster
+    (spec,) = _install(_spec("synthetic.doubt", {"serial": _sleeper(0.02), "pool": _sleeper(0.002)}))
+    _calibrate(spec, "serial", lambda p: 1.00e-2, GRID)
+    _calibrate(spec, "pool", lambda p: 1.01e-2, GRID)
+    problem = GridProblem(1_000, 10)
+    used = [core.solve(problem, solver=spec.name, expected_calls=math.inf).backend for _ in range(8)]
+    settled = used.index("pool")
+    assert settled <= 4 and set(used[settled:]) == {"pool"}, used
+    plan = core.plan(problem, solver=spec.name, expected_calls=math.inf)
+    assert plan.backend == "pool" and plan.predictions["pool"].status == "measured"
+    # the spread of its warm runs, not a constant
+    assert plan.predictions["pool"].error != plan.predictions["serial"].error
+
+
+def test_one_call_expected_never_explores(clean):
+    (spec,) = _install(_spec("synthetic.once", {"serial": _sleeper(0.02), "pool": _sleeper(0.002)}))
+    _calibrate(spec, "serial", lambda p: 1.00e-2, GRID)
+    _calibrate(spec, "pool", lambda p: 1.01e-2, GRID)
+    result = core.solve(GridProblem(1_000, 10), solver=spec.name, expected_calls=1)
+    assert result.backend == "serial" and not result.diagnostics["explored"]
+    assert result.predicted_seconds == pytest.approx(1.0e-2, rel=0.05)
+
+
+def test_a_named_backend_never_moves_to_a_variant_that_measured_slower(clean):
+    (spec,) = _install(_spec("synthetic.named", {"device:fused": _sleeper(0.002), "device:steps": _sleeper(0.01),
+                                                 "serial": _sleeper(0.02)}))
+    _calibrate(spec, "device:fused", lambda p: 5.0e-3, GRID)
+    _calibrate(spec, "device:steps", lambda p: 5.1e-3, GRID)
+    _calibrate(spec, "serial", lambda p: 2e-2, GRID)
+    problem = GridProblem(1_000, 10)
+    used = [core.solve(problem, backend="device", solver=spec.name).backend for _ in range(10)]
+    assert set(used) <= {"device:fused", "device:steps"}
+    # each variant runs until it has a warm sample (its first run here is cold); then steps, 5x slower, never again
+    assert used.count("device:steps") <= 2 and set(used[5:]) == {"device:fused"}, used
+
+
+def _cold_first(spec_name, fast_seen):
+    # device compiles per shape (its first call on a shape takes 10x); serial is 3x slower once warm
+    # (tens of ms: a sleep on a busy 2-core machine overshoots by a few ms)
+    return _spec(spec_name, {"device": _sleeper(0.02, first_per_shape=0.2, seen=fast_seen),
+                             "serial": _sleeper(0.06)},
+                 compile_key=lambda p, key: (p.n, p.m) if key == "device" else ())
+
+
+def test_a_first_call_that_compiles_for_its_shape_does_not_lose_the_race(clean):
+    seen: set = set()
+    (spec,) = _install(_cold_first("synthetic.cold", seen))
+    _calibrate(spec, "device", lambda p: 2.0e-2, GRID, one_off=0.18)  # its calibration saw the compile
+    _calibrate(spec, "serial", lambda p: 4.0e-2, GRID)
+    problem = GridProblem(3_000, 7)
+    used = [core.solve(problem, solver=spec.name, expected_calls=math.inf) for _ in range(3)]
+    assert used[0].backend == "device" and used[0].diagnostics["first_call"]  # 10x slow: set apart
+    assert used[-1].backend == "device"
+
+
+def test_evaluate_catches_a_loop_that_keeps_the_cold_sample(clean, monkeypatch):
+    seen: set = set()
+    (spec,) = _install(_cold_first("synthetic.evaluated", seen))
+    _calibrate(spec, "device", lambda p: 2.0e-2, GRID, one_off=0.18)  # its calibration saw the compile
+    _calibrate(spec, "serial", lambda p: 4.0e-2, GRID)
+    # four calls: off the calibrated span the models' bands are wide, and the third call may try serial
+    sound = evaluate(spec.name, count=3, repeats=3, calls=4)
+    assert all(row.final == "device" for row in sound.rows), [row.calls for row in sound.rows]
+    assert sound.max_final_regret < 0.3
+
+    # plant the fault: every run counts as warm, so the cold 10x first call is kept as fast's estimate
+    monkeypatch.setattr(Planner, "is_paid", lambda self, spec, implementation, problem: True)
+    seen.clear()
+    broken = evaluate(spec.name, count=3, repeats=3, seed=7, calls=4)
+    assert broken.max_final_regret > 0.3, [row.calls for row in broken.rows]
+
+
+# -- the Planner object ----------------------------------------------------------------------
+
+
+def test_planners_are_isolated_and_use_restores_the_previous_one(clean):
+    (spec,) = _install(_spec("synthetic.isolated", {"serial": _sleeper(0.001)}))
+    _calibrate(spec, "serial", lambda p: 1e-3, GRID)
+    default = current()
+    problem = GridProblem(1_000, 10)
+    fresh = Planner.from_calibration(default)
+    with use(fresh):
+        assert current() is fresh and fresh.model(spec, "serial") is not None  # the calibration came along
+        core.solve(problem, solver=spec.name)
+        assert fresh.calls(spec) == 1
+    assert current() is default and default.calls(spec) == 0
+    assert default.known_race(spec, spec.features(problem)) is None
+    other = Planner(persist=False)
+    assert other.model(spec, "serial") is None and other.calls(spec) == 0
+    # or pass it to one call
+    assert core.solve(problem, solver=spec.name, planner=fresh).backend == "serial" and fresh.calls(spec) == 2
+    assert default.calls(spec) == 0 and core.current_planner() is default
+
+
+def test_a_planner_exports_and_imports_its_timings(clean, tmp_path):
+    (spec,) = _install(_spec("synthetic.exported", {"serial": _sleeper(0.001)}))
+    _calibrate(spec, "serial", lambda p: 1e-3, GRID)
+    data = current().export()
+    elsewhere = Planner(persist=False)
+    elsewhere.import_(data)
+    assert elsewhere.model(spec, "serial").predict(spec.features(GridProblem(1_000, 10)))[0] == pytest.approx(1e-3)
+
+
+def test_expected_work_is_learnt_from_work_done(clean):
+    # the solver converges in half of its m iterations: its work is known only after a solve
+    spec = _spec("synthetic.converges", {"serial": _sleeper(0.001)},
+                 work_done=lambda p, outputs: {"n": float(p.n), "m": p.m / 2})
+    (spec,) = _install(spec)
+    planner = current()
+    records = [planning.sample_record(spec, "serial", p, 1e-3 * p.m / 2, "calibration", {"n": np.array(p.n)})
+               for p in GRID]
+    planner.record_calibration(spec, "serial", records, 0.0, {})
+    expected = planner.expected_work(spec, GridProblem(500, 40), spec.features(GridProblem(500, 40)))
+    assert expected == {"n": 500.0, "m": 20.0}  # not the nominal 40
+    plan = core.plan(GridProblem(500, 40), solver=spec.name)
+    assert plan.expected_work == {"m": 20.0}
+    assert plan.predictions["serial"].seconds == pytest.approx(20e-3, rel=0.05)
