@@ -101,6 +101,38 @@ def test_ou_path_has_the_stationary_variance():
     assert abs(finals.var(ddof=1) - target) < 4 * target * math.sqrt(2 / 399)
 
 
+@pytest.mark.parametrize("implementation", ["numba", "torch:hjb_host", "torch:hjb_device"])
+def test_every_route_times_each_of_its_paths(monkeypatch, implementation):
+    """``path_seconds`` is a finite, positive time per path whichever route ran the paths (issue 21: NaN on torch).
+
+    CPU torch stands in for the GPU, as in tests/test_multi_gpu.py: the
+    batched route's bookkeeping is the same on either device.
+    """
+    import time
+
+    from core.backends import torch_gpu
+    from core.result import Result, as_arrays
+    from plugins.mfg.specs import COMMON_NOISE
+
+    if implementation.startswith("torch"):
+        torch = pytest.importorskip("torch")
+        from plugins.mfg.fp import torch_kernel as fp_torch
+        from plugins.mfg.hjb import torch_kernel as hjb_torch
+
+        for module in (fp_torch, hjb_torch):
+            monkeypatch.setattr(module, "gpu_device", lambda: torch.device("cpu"))
+        monkeypatch.setattr(torch_gpu, "free_for_batches", lambda: None)
+        monkeypatch.setattr(torch_gpu, "gpu_count", lambda devices=None: 1)
+    problem = CommonNoiseProblem(preset="lq", K=3, N=500, Nx=21, Nt=5, max_iter=2, seed=3)
+    started = time.perf_counter()
+    outputs = as_arrays(COMMON_NOISE.implementations[implementation](problem))
+    wall = time.perf_counter() - started
+    seconds = outputs["path_seconds"]
+    assert seconds.shape == (3,) and np.all(np.isfinite(seconds)) and np.all(seconds > 0), seconds
+    assert seconds.sum() <= wall  # one process ran the paths, one after another or as one batch
+    assert Result("mfg.common_noise", implementation, wall, outputs).diagnostics["non_finite_outputs"] == []
+
+
 @pytest.mark.parametrize(("fields", "message"), [
     ({"damping_U": 0.0}, "damping_U=0.0 is invalid: must be a finite number > 0 and <= 1"),
     ({"damping_M": 1.5}, "damping_M=1.5 is invalid"),

@@ -107,12 +107,29 @@ def test_newton_reports_non_convergence():
 def test_features_and_memory():
     from plugins.mfg.specs import HJB_FDM
 
-    problem = HJBProblem(Nx=101, Nt=100)
-    assert HJB_FDM.features(problem) == {"grid_steps": 101 * 100, "cyclic_grid_steps": 101 * 100, "steps": 100}
+    problem = HJBProblem(Nx=101, Nt=100, newton_tol=1e-8)  # 8 digits: 3 Newton iterations a step expected
+    assert HJB_FDM.features(problem) == {"newton_grid_steps": 101 * 300, "cyclic_newton_grid_steps": 101 * 300,
+                                         "newton_iterations": 300, "steps": 100}
     reflecting = HJBProblem(Nx=101, Nt=100, boundary="reflecting")
-    assert HJB_FDM.features(reflecting)["cyclic_grid_steps"] == 0
+    assert HJB_FDM.features(reflecting)["cyclic_newton_grid_steps"] == 0
+    assert HJB_FDM.features(HJBProblem(Nx=101, Nt=100, newton_max=2))["newton_iterations"] == 200  # the cap
     for backend in HJB_FDM.implementations:
         assert HJB_FDM.memory(problem, backend) >= 4 * 8 * 101 * 101
+
+
+def test_a_solve_records_the_newton_iterations_it_ran():
+    """work_done counts the iterations of every step, which a tighter tolerance raises."""
+    from plugins.mfg.specs import HJB_FDM
+
+    counts = []
+    for tol in (1e-4, 1e-12):
+        problem = HJBProblem(preset="crowd", Nx=101, Nt=50, newton_tol=tol)
+        out = solve_numba(problem)
+        done = HJB_FDM.work_done(problem, out)
+        ran = int(np.sum(out["newton_iterations"]))
+        assert done["newton_iterations"] == ran and done["newton_grid_steps"] == 101 * ran
+        counts.append(ran)
+    assert counts[0] < counts[1]
 
 
 @pytest.mark.parametrize("bad, shown", [

@@ -15,7 +15,7 @@ from core.formatting import with_error
 from core.solver import SizeSpace, lazy
 from plugins.example.problem import RandomWalkProblem
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"  # 0.3: chunk and n_bins in the space, chunk_steps and chunk_bins
 
 
 def _features(problem: RandomWalkProblem) -> dict[str, float]:
@@ -23,24 +23,33 @@ def _features(problem: RandomWalkProblem) -> dict[str, float]:
 
     ``walker_steps`` is the random draws (all backends), ``walkers`` the
     per-walker work after the walk (stream keys, binning, the final
-    scaling), ``chunks`` the per-task overhead (a histogram per chunk, a
-    task's dispatch on a parallel backend). The core shares
-    ``walker_steps`` among a parallel backend's workers itself
-    (``span_feature``), so nothing here reads a pool's size.
+    scaling), ``chunks`` the per-task overhead (a task's dispatch on a
+    parallel backend), ``chunk_steps`` a chunk's turn of the step loop (one
+    generator call per chunk and step on numpy and the parallel backends)
+    and ``chunk_bins`` a chunk's histogram (every chunk zeroes and merges
+    ``n_bins`` counts). The core shares ``walker_steps`` among a parallel
+    backend's workers itself (``span_feature``), so nothing here reads a
+    pool's size.
     """
+    chunks = float(problem.n_chunks)
     return {"walker_steps": float(problem.n_walkers * problem.n_steps), "walkers": float(problem.n_walkers),
-            "chunks": float(problem.n_chunks)}
+            "chunks": chunks, "chunk_steps": chunks * problem.n_steps, "chunk_bins": chunks * problem.n_bins}
 
 
 def _space(quick: bool) -> SizeSpace:
-    """Walkers and steps vary together, so each feature's price is identified.
+    """Every field a user sets that moves the cost varies, so each feature's price is identified.
 
-    Quick: the largest problem (200,000 x 200) takes about 0.4 s on numpy on
-    a 2-core VM. Full: up to 2,000,000 x 500, about 10 s there.
+    Walkers and steps; the chunk size (how many tasks, and numpy's generator
+    calls per step); the histogram's bins (counted once per chunk). The
+    walk's scale and drift cost nothing. Quick: the largest problem
+    (200,000 x 200 in chunks of 512) takes about 0.5 s on numpy on a 2-core
+    VM. Full: up to 2,000,000 x 500, about 10 s there.
     """
     if quick:
-        return SizeSpace(ranges={"n_walkers": (1_000, 200_000), "n_steps": (10, 200)})
-    return SizeSpace(ranges={"n_walkers": (1_000, 2_000_000), "n_steps": (10, 500)})
+        return SizeSpace(ranges={"n_walkers": (1_000, 200_000), "n_steps": (10, 200), "chunk": (512, 65_536),
+                                 "n_bins": (16, 4_096)})
+    return SizeSpace(ranges={"n_walkers": (1_000, 2_000_000), "n_steps": (10, 500), "chunk": (256, 262_144),
+                             "n_bins": (16, 16_384)})
 
 
 # What each chunk leaves in memory on the host, whatever the backend: its task tuple, label and

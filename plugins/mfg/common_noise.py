@@ -81,8 +81,8 @@ def summarize(problem: CommonNoiseProblem, paths: list[dict[str, np.ndarray]]) -
         "quantile_levels": q, "theta": np.stack([p["theta"] for p in paths]),
         "converged": np.array([bool(p["converged"]) for p in paths]),
         "iterations": np.array([int(p["iterations"]) for p in paths]),
-        "path_seconds": np.array([float(p.get("seconds", np.nan)) for p in paths]),
-        "path_threads": np.array([int(p.get("threads", 1)) for p in paths]),
+        "path_seconds": np.array([float(p["seconds"]) for p in paths]),
+        "path_threads": np.array([int(p["threads"]) for p in paths]),
     }
 
 
@@ -165,8 +165,15 @@ def solve_paths(part: tuple[CommonNoiseProblem, bool, range]) -> list[dict[str, 
 
 
 def solve_batch(problem: CommonNoiseProblem, hjb_device: bool, paths: range) -> list[dict[str, np.ndarray]]:
-    """Paths ``paths`` (indices into the K) as one batch on this process's GPU."""
+    """Paths ``paths`` (indices into the K) as one batch on this process's GPU.
+
+    The paths run together, so each is given an equal share of the batch's
+    wall time: a batch's paths' seconds add up to the time the GPU spent on
+    them, as a worker's paths' seconds add up to the worker's time.
+    """
     import torch
+
+    started = time.perf_counter()
 
     def hjb_batch(template: HJBProblem, v: np.ndarray, m: np.ndarray):
         if hjb_device:
@@ -185,5 +192,7 @@ def solve_batch(problem: CommonNoiseProblem, hjb_device: bool, paths: range) -> 
     fused = not fp_torch.fused_unsupported(fp_template)  # the all-steps kernel wherever the KDE allows it
     out = picard_batch(conditional, lambda v, m: hjb_batch(hjb_template, v, m).cpu().numpy(),
                        lambda u: fp_torch.solve_torch_batch(fp_template, u, fused=fused).cpu().numpy(), V)
+    share = (time.perf_counter() - started) / len(thetas)
     return [{"U": out["U"][i], "M": out["M"][i], "converged": out["converged"][i],
-             "iterations": out["iterations"][i], "theta": thetas[i]} for i in range(len(thetas))]
+             "iterations": out["iterations"][i], "theta": thetas[i], "seconds": share, "threads": 1}
+            for i in range(len(thetas))]

@@ -20,19 +20,25 @@ from plugins.mfg.fp.common import all_steps_unsupported
 from plugins.mfg.fp.torch_kernel import fused_unsupported
 from plugins.mfg.problem import PRESETS, CommonNoiseProblem, FPProblem, HJBProblem, MFGProblem
 
-# every calibration problem of a coupled solver runs exactly max_iter Picard iterations (see plugins.mfg.work)
-RUN_EVERY_ITERATION = {"rtol": 0.0, "atol": 0.0}
+# The coupled solvers' convergence tolerances, a decade either side of the defaults (rtol 1e-3, atol 1e-4,
+# the middle of each log range). They move the work only through the Picard iterations a solve runs,
+# which each solve reports (work_done), so the models price the iterations really run.
+PICARD_TOLERANCES = {"rtol": (1e-4, 1e-2), "atol": (1e-5, 1e-3)}
 
 # -- mfg.fp_particle ---------------------------------------------------------------
 
 
 def fp_space(quick: bool) -> SizeSpace:
-    # one preset: how often particles cross a wall (a periodic domain under wide noise) moves the
-    # cost of a particle step by a quarter, and no size field predicts it.
+    # Every preset: a user picks one, and with it the boundary, which moves the numpy reference's cost of
+    # a particle step by about a third (the periodic_particle_steps feature prices it). The KDE method and the
+    # bandwidth rule stay at their defaults: the direct KDE's O(N Nx) work per step would put the top of
+    # the space out of reach, and Silverman's rule closes the all-steps kernels.
     # The quick top keeps the numpy reference near 0.3 s a sample on a 2-core machine.
     if quick:
-        return SizeSpace(ranges={"N": (500, 50_000), "Nx": (21, 201), "Nt": (5, 100)})
-    return SizeSpace(ranges={"N": (500, 2_000_000), "Nx": (21, 401), "Nt": (5, 200)})
+        return SizeSpace(ranges={"N": (500, 50_000), "Nx": (21, 201), "Nt": (5, 100)},
+                         choices={"preset": list(PRESETS)})
+    return SizeSpace(ranges={"N": (500, 2_000_000), "Nx": (21, 401), "Nt": (5, 200)},
+                     choices={"preset": list(PRESETS)})
 
 
 def fp_supports(problem: FPProblem, implementation: str) -> str:
@@ -97,6 +103,7 @@ FP_PARTICLE = SolverSpec(
     default_params=lambda: {"N": 50_000},
     summarize=fp_summary,
     description="forward Fokker-Planck: Euler-Maruyama particles and KDE density on the grid",
+    version="1",  # 1: every preset in the space, periodic_particle_steps
 )
 
 
@@ -104,9 +111,12 @@ FP_PARTICLE = SolverSpec(
 
 
 def hjb_space(quick: bool) -> SizeSpace:
+    # newton_tol moves the Newton iterations per step (2 to 6 over this range); newton_max caps them, and
+    # from 4 up it rarely binds (see work.expected_newton_iterations)
+    newton = {"newton_tol": (1e-13, 1e-7), "newton_max": (4, 60)}
     if quick:
-        return SizeSpace(ranges={"Nx": (21, 201), "Nt": (10, 100)}, choices={"preset": list(PRESETS)})
-    return SizeSpace(ranges={"Nx": (21, 801), "Nt": (10, 400)}, choices={"preset": list(PRESETS)})
+        return SizeSpace(ranges={"Nx": (21, 201), "Nt": (10, 100), **newton}, choices={"preset": list(PRESETS)})
+    return SizeSpace(ranges={"Nx": (21, 801), "Nt": (10, 400), **newton}, choices={"preset": list(PRESETS)})
 
 
 def hjb_summary(problem: HJBProblem, outputs) -> str:
@@ -124,6 +134,7 @@ HJB_FDM = SolverSpec(
         "torch": lazy("plugins.mfg.hjb.torch_kernel", "solve_torch"),
     },
     features=work.hjb_features,
+    work_done=work.hjb_work_done,
     size_axis="Nx",
     space=hjb_space,
     memory=work.hjb_memory,
@@ -131,6 +142,7 @@ HJB_FDM = SolverSpec(
     default_params=lambda: {"Nx": 101, "Nt": 100},
     summarize=hjb_summary,
     description="backward HJB: implicit Euler, Newton with one tridiagonal solve per iteration, Godunov upwind",
+    version="1",  # 1: Newton iterations as features, newton_tol and newton_max in the space
 )
 
 # -- mfg.fixed_point -----------------------------------------------------------------
@@ -138,10 +150,10 @@ HJB_FDM = SolverSpec(
 
 def fixed_point_space(quick: bool) -> SizeSpace:
     if quick:
-        return SizeSpace(ranges={"N": (500, 20_000), "Nx": (21, 101), "Nt": (5, 40), "max_iter": (2, 8)},
-                         choices={"preset": list(PRESETS)}, fixed=RUN_EVERY_ITERATION)
-    return SizeSpace(ranges={"N": (500, 300_000), "Nx": (21, 201), "Nt": (5, 100), "max_iter": (2, 20)},
-                     choices={"preset": list(PRESETS)}, fixed=RUN_EVERY_ITERATION)
+        return SizeSpace(ranges={"N": (500, 20_000), "Nx": (21, 101), "Nt": (5, 40), "max_iter": (2, 8),
+                                 **PICARD_TOLERANCES}, choices={"preset": list(PRESETS)})
+    return SizeSpace(ranges={"N": (500, 300_000), "Nx": (21, 201), "Nt": (5, 100), "max_iter": (2, 20),
+                             **PICARD_TOLERANCES}, choices={"preset": list(PRESETS)})
 
 
 def fixed_point_summary(problem: MFGProblem, outputs) -> str:
@@ -175,17 +187,19 @@ FIXED_POINT = SolverSpec(
     default_params=lambda: {"N": 20_000},
     summarize=fixed_point_summary,
     description="the coupled MFG by damped Picard iteration (separate damping for U and M)",
+    version="1",  # 1: rtol and atol in the space (calibration ran every iteration before)
 )
 
 # -- mfg.common_noise ----------------------------------------------------------------
 
 
 def common_noise_space(quick: bool) -> SizeSpace:
+    # kappa and noise, the common noise's physics, cost nothing; the quantiles' summary is negligible
     if quick:
-        return SizeSpace(ranges={"K": (1, 8), "N": (300, 5_000), "Nx": (21, 61), "Nt": (5, 30), "max_iter": (2, 5)},
-                         choices={"preset": list(PRESETS)}, fixed=RUN_EVERY_ITERATION)
-    return SizeSpace(ranges={"K": (1, 64), "N": (300, 50_000), "Nx": (21, 101), "Nt": (5, 60), "max_iter": (2, 10)},
-                     choices={"preset": list(PRESETS)}, fixed=RUN_EVERY_ITERATION)
+        return SizeSpace(ranges={"K": (1, 8), "N": (300, 5_000), "Nx": (21, 61), "Nt": (5, 30), "max_iter": (2, 5),
+                                 **PICARD_TOLERANCES}, choices={"preset": list(PRESETS)})
+    return SizeSpace(ranges={"K": (1, 64), "N": (300, 50_000), "Nx": (21, 101), "Nt": (5, 60), "max_iter": (2, 10),
+                             **PICARD_TOLERANCES}, choices={"preset": list(PRESETS)})
 
 
 def common_noise_summary(problem: CommonNoiseProblem, outputs) -> str:
@@ -226,6 +240,7 @@ COMMON_NOISE = SolverSpec(
     default_params=lambda: {"preset": "lq", "K": 8, "N": 5_000},
     summarize=common_noise_summary,
     description="K conditional MFG solves along Ornstein-Uhlenbeck common-noise paths",
+    version="1",  # 1: rtol and atol in the space (calibration ran every iteration before)
 )
 
 

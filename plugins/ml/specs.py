@@ -129,12 +129,25 @@ def dotgat_features(problem: DotGATProblem) -> dict[str, float]:
 
 
 def dotgat_space(quick: bool) -> SizeSpace:
-    # one model shape in the quick space: each compiled variant compiles once per shape (tens of seconds on a
-    # GPU), and a CPU step of batch 64 at H=32 takes about 0.1-0.4 s on a shared 2-core VM
+    """The fields a user sets that move the work: batch, steps, validation size and the model's shape.
+
+    Each compiled variant compiles once per model shape (tens of seconds on
+    a GPU; see ``dotgat_compile_key``), so the quick space draws T, A and H
+    from two values each, at most 8 shapes, with the other shape fields
+    (M, message_steps, heads) at their defaults; its top is the default
+    shape, where a CPU step of batch 64 takes about 0.1-0.4 s on a shared
+    2-core VM. The full space moves every shape field, up to the published
+    model (T 50, M 25, A 20, H 128, 5 message steps). Left out: what sets
+    the data or the numerics but not the work (rho, rank, y_dim, graph, lr,
+    n_train, seed) and ``precision``, which changes the arithmetic's speed
+    rather than its amount, so the flop features cannot price it.
+    """
     if quick:
-        return SizeSpace(ranges={"batch": (8, 64), "n_steps": (1, 8)}, fixed={"n_val": 64})
-    return SizeSpace(ranges={"batch": (8, 64), "n_steps": (2, 50)}, choices={"H": [32, 64, 128]},
-                     fixed={"n_val": 256, "T": 50, "M": 25, "A": 20, "message_steps": 5})
+        return SizeSpace(ranges={"batch": (8, 64), "n_steps": (1, 8), "n_val": (16, 128)},
+                         choices={"T": [8, 16], "A": [4, 8], "H": [16, 32]})
+    return SizeSpace(ranges={"batch": (8, 64), "n_steps": (2, 50), "n_val": (32, 256), "T": (8, 64), "M": (8, 32),
+                             "A": (4, 32)},
+                     choices={"H": [16, 32, 64, 128], "message_steps": [1, 2, 3, 5], "heads": [2, 4, 8]})
 
 
 def dotgat_memory(problem: DotGATProblem, implementation: str) -> float:
@@ -184,7 +197,8 @@ DOTGAT = SolverSpec(
     default_problem=DotGATProblem,
     summarize=dotgat_summary,
     description="a training run of DynamicDotGAT (AdamW, cosine schedule, clipping) on synthetic GP data",
-    version="2",  # 2: the optimised model's social attention written out (timings stored before are of the old)
+    version="3",  # 2: the optimised model's social attention written out (timings stored before are of the old);
+    # 3: T, A, H and n_val in the quick space, every shape field in the full one
 )
 
 

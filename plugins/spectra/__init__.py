@@ -21,25 +21,33 @@ from plugins.spectra import work
 from plugins.spectra.model import Spectra
 from plugins.spectra.problem import FULL_PIXELS, SpectraProblem
 
-__version__ = "0.6.0"  # 0.2: the "steps" feature; 0.3: balanced process chunks; 0.4: the CCF start by one product;
-# 0.5: a fifth of the torch launches per step, process chunks of at most 16 spectra; 0.6: numba:threads's span
-# (older timings mismeasure the newer code: a version change recalibrates)
+__version__ = "0.7.0"  # 0.2: the "steps" feature; 0.3: balanced process chunks; 0.4: the CCF start by one product;
+# 0.5: a fifth of the torch launches per step, process chunks of at most 16 spectra; 0.6: numba:threads's span;
+# 0.7: tol and degree in the space, the continuum's feature (older timings mismeasure the newer code: a
+# version change recalibrates)
 __all__ = ["Spectra", "SpectraProblem", "fit_spectra"]
 
 
 def _space(quick: bool) -> SizeSpace:
-    """Batch size, pixels, iterations and the template grid vary together, so each feature's price is identified.
+    """Every field a user sets that moves the cost varies, so each feature's price is identified.
 
-    Every calibration problem runs all its iterations (tol = 0). Quick keeps
+    Batch size, pixels, the iteration cap, the tolerance, the continuum's
+    degree and the template grid. ``tol`` (a decade either side of its
+    default, 1e-7) moves the work only through the iterations each spectrum
+    runs, which every solve reports (``work_done``). The signal-to-noise of
+    synthetic spectra and the seed make the data, not the work. Quick keeps
     most problems under calibration's 0.5 s sample cap on a 2-core VM (the
     numpy reference fits one spectrum at a time: 8 spectra x 5 iterations
-    take about a second there); full goes to 4,096 spectra and the realistic grid.
+    take about a second there, and degree 5 about twice degree 3); full goes
+    to 4,096 spectra and the realistic grid.
     """
     if quick:
-        return SizeSpace(ranges={"n_spectra": (1, 8), "n_pixels": (500, FULL_PIXELS), "max_iter": (1, 5)},
-                         choices={"grid": ["small", "medium"]}, fixed={"tol": 0.0})
-    return SizeSpace(ranges={"n_spectra": (1, 4_096), "n_pixels": (1_000, FULL_PIXELS), "max_iter": (2, 20)},
-                     choices={"grid": ["small", "medium", "realistic"]}, fixed={"tol": 0.0})
+        return SizeSpace(ranges={"n_spectra": (1, 8), "n_pixels": (500, FULL_PIXELS), "max_iter": (1, 5),
+                                 "tol": (1e-9, 1e-5), "degree": (2, 5)},
+                         choices={"grid": ["small", "medium"]})
+    return SizeSpace(ranges={"n_spectra": (1, 4_096), "n_pixels": (1_000, FULL_PIXELS), "max_iter": (2, 20),
+                             "tol": (1e-9, 1e-5), "degree": (1, 10)},
+                     choices={"grid": ["small", "medium", "realistic"]})
 
 
 def _summarize(problem: SpectraProblem, outputs: Any) -> str:

@@ -3,7 +3,8 @@
 One model evaluation (every LM iteration makes one, with the Jacobian) costs
 work on the template grid (16-corner interpolation, the rotational
 convolution of 6 channels: ``template_pixels``) and work on the data pixels
-(resampling, the continuum's least squares: ``pixels``). The CCF start costs
+(resampling: ``pixels``; the continuum's normal equations, ``(degree + 1)**2``
+products per pixel: ``continuum_pixel_iterations``). The CCF start costs
 FFTs on the template grid once per spectrum. The template grid's size
 (nodes x template pixels) is what the torch backend copies to the device on
 its first use and what every corner gather draws from.
@@ -47,6 +48,7 @@ def _features(problem: SpectraProblem, spectrum_iterations: float, steps: float)
         "steps": steps,
         "iterations": spectrum_iterations,
         "pixel_iterations": spectrum_iterations * problem.n_pixels,
+        "continuum_pixel_iterations": spectrum_iterations * problem.n_pixels * (problem.degree + 1) ** 2,
         "template_iterations": spectrum_iterations * tp,
         "ccf": float(problem.n_spectra) * tp * COARSE_TEMPLATES,
         "library": float(problem.nodes) * tp,
