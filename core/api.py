@@ -15,7 +15,7 @@ from core.costmodel.calibrate import measure_outputs
 from core.costmodel.features import model_features
 from core.costmodel.plan import plan
 from core.costmodel.planner import accepts_planner, current
-from core.costmodel.race import Step, next_step
+from core.costmodel.race import Step, band_of, next_step
 from core.costmodel.warmup import tier_up, using
 from core.errors import (
     AutoSelectionError,
@@ -131,13 +131,11 @@ def _step(spec: SolverSpec, decision: Plan, nominal: Mapping[str, float], expect
     if planning == "estimate":
         return Step(decision.backend, False, "the plan's pick (planning='estimate')")
     race = current().race(spec, nominal)
-    contenders = {key: (p.seconds + p.one_off_seconds / decision.expected_calls, p.error or 0.0)
-                  for key, p in decision.predictions.items()
-                  if key not in decision.excluded and p.seconds is not None
-                  and (key in decision.close or key == decision.backend or race.warm.get(key))}
+    estimated = {key: band_of(p.seconds + p.one_off_seconds / decision.expected_calls, p.error or 0.0, p.samples)
+                 for key, p in decision.predictions.items() if key not in decision.excluded and p.seconds is not None}
     # an unset count expects this problem to run as often again as it has so far (at least once more)
     calls_left = expected_calls - race.calls if expected_calls is not None else race.calls + 1
-    return next_step(contenders, race, decision.backend, calls_left)
+    return next_step(estimated, race, decision.backend, calls_left)
 
 
 @accepts_planner
@@ -181,6 +179,8 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
         decision = _named(spec, problem, backend, expected_calls)
     if planning == "measure" and decision.measure:
         _measure_close(spec, problem, decision, nominal)
+        only = None if backend == "auto" else list(decision.predictions)
+        decision = plan(problem, solver=spec.name, expected_calls=expected_calls, explain=False, only=only)
     step = _step(spec, decision, nominal, expected_calls, planning)
     used = step.implementation
     _refuse_if_too_long(spec, problem, decision, used, limit)

@@ -16,15 +16,18 @@ class Prediction:
 
     ``status`` is ``"calibrated"`` (inside the measured region),
     ``"extrapolated"`` (outside it), ``"uncalibrated"`` (no model, or fewer
-    distinct samples than coefficients) or ``"measured"`` (timed on this
-    very problem in this process). ``error`` is the model's relative error
-    (leave-one-out), which sets the margin and the confidence of the plan.
+    distinct samples than coefficients) or ``"measured"`` (the model combined
+    with ``samples`` warm runs of this very problem in this planner, see
+    :mod:`core.costmodel.race`). ``error`` is the relative error (the
+    model's leave-one-out error, or the combined estimate's standard
+    error), which sets the margin and the confidence of the plan.
     """
 
     seconds: float | None
     status: str
     one_off_seconds: float = 0.0
     error: float | None = None
+    samples: int = 0  # warm runs of this problem in this planner that the estimate combines with the model
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,16 @@ import core
 from core.costmodel import planner as planning
 from core.costmodel.evaluate import evaluate
 from core.costmodel.planner import Planner, current, use
-from core.costmodel.race import EXPLORE_AT_MOST, ONE_SAMPLE_SPREAD, Race, next_step, sample_band
+from core.costmodel.race import (
+    EXPLORE_AT_MOST,
+    MIN_SPREAD,
+    SAMPLE_SPREAD,
+    Race,
+    bands,
+    estimate,
+    next_step,
+    sample_spread,
+)
 from tests.test_selection import GRID, GridProblem, _calibrate, _install, _spec
 
 
@@ -30,8 +39,12 @@ def clean(fresh_registry, empty_cache):
 # -- the rule, on the pure function ---------------------------------------------------------
 
 
-def test_nothing_warm_yet_runs_the_plans_pick():
-    step = next_step({"a": (1.0, 0.1), "b": (1.1, 0.1)}, Race(), first="a", calls_left=math.inf)
+def _next(guesses, race, first="a", calls_left=math.inf):
+    return next_step(bands(guesses, race), race, first, calls_left)
+
+
+def test_nothing_warm_yet_runs_the_models_best():
+    step = _next({"a": (1.0, 0.1), "b": (1.1, 0.1)}, Race())
     assert step.implementation == "a" and not step.explore
 
 
@@ -39,31 +52,43 @@ def test_a_cold_run_is_never_compared_with_warm_ones():
     race = Race()
     race.add("a", 10.0, cold=True)  # a's first call paid a compile: 10x its warm time
     race.add("b", 1.3, cold=False)
-    # b leads on warm evidence, but a has not run warm here: it is tried, not judged by its cold run
-    step = next_step({"a": (1.0, 0.1), "b": (1.3, 0.1)}, race, first="a", calls_left=math.inf)
-    assert step.implementation == "a" and step.explore
+    # a's estimate is still its model's: it leads, and runs again rather than being judged by its cold run
+    step = _next({"a": (1.0, 0.1), "b": (1.3, 0.1)}, race)
+    assert step.implementation == "a" and not step.explore
     race.add("a", 1.0, cold=False)
-    assert next_step({"a": (1.0, 0.1), "b": (1.3, 0.1)}, race, first="a", calls_left=math.inf).implementation == "a"
+    assert _next({"a": (1.0, 0.1), "b": (1.3, 0.1)}, race).implementation == "a"
 
 
 def test_the_spread_comes_from_the_samples():
-    one = sample_band([2.0])
-    assert (one.low, one.high) == (2.0 * (1 - ONE_SAMPLE_SPREAD), 2.0 * (1 + ONE_SAMPLE_SPREAD))
-    several = sample_band([1.0, 1.2, 1.1, 1.6])
-    assert several.centre == pytest.approx(1.15) and several.high == pytest.approx(1.15 + 0.3)
+    assert sample_spread([2.0]) == SAMPLE_SPREAD  # one or two runs say nothing of their spread
+    runs = [1.0, 1.2, 1.1, 1.6]
+    assert sample_spread(runs) == pytest.approx(np.std(np.log(runs), ddof=1))
+    assert sample_spread([1.0, 1.0, 1.0]) == MIN_SPREAD
 
 
-def test_a_contender_is_dropped_only_when_the_data_say_it_is_slower():
+def test_one_noisy_run_moves_a_good_model_a_little_and_consistent_runs_take_over():
+    assert estimate((1.0, 0.05), [1.5]).centre < 1.15
+    assert estimate((1.0, 0.05), [1.5, 1.51, 1.49, 1.5, 1.5]).centre == pytest.approx(1.5, rel=0.02)
+    assert estimate(None, [2.0]).centre == pytest.approx(2.0)  # no model: the runs alone
+
+
+def test_a_contender_as_good_within_its_error_is_tried_and_dropped_when_the_data_say_it_is_slower():
     race = Race()
     for seconds in (1.00, 1.01, 0.99):
         race.add("a", seconds, cold=False)
-    # b's model says 1.05 +- 2 x 10 %: its band overlaps a's, so it is tried
-    near = next_step({"a": (1.0, 0.1), "b": (1.05, 0.1)}, race, first="a", calls_left=math.inf)
+    near = _next({"a": (1.0, 0.1), "b": (1.05, 0.1)}, race)
     assert near.implementation == "b" and near.explore
-    for seconds in (1.9, 2.0):
+    for seconds in (1.9, 2.0, 1.95):
         race.add("b", seconds, cold=False)
-    settled = next_step({"a": (1.0, 0.1), "b": (1.05, 0.1)}, race, first="a", calls_left=math.inf)
+    settled = _next({"a": (1.0, 0.1), "b": (1.05, 0.1)}, race)
     assert settled.implementation == "a" and settled.dropped == ("b",) and not settled.explore
+
+
+def test_a_contender_the_models_place_far_behind_is_never_tried():
+    race = Race()
+    race.add("a", 1.0, cold=False)
+    step = _next({"a": (1.0, 0.1), "b": (3.0, 0.1)}, race)
+    assert step.implementation == "a" and not step.explore
 
 
 def test_a_drifting_leader_loses_the_lead_and_the_runner_up_is_rechecked():
@@ -71,19 +96,21 @@ def test_a_drifting_leader_loses_the_lead_and_the_runner_up_is_rechecked():
     for seconds in (1.0, 1.0, 1.0):
         race.add("a", seconds, cold=False)
     race.add("b", 1.2, cold=False)
-    assert next_step({"a": (1.0, 0.1), "b": (1.2, 0.1)}, race, "a", math.inf).implementation == "a"
-    for seconds in (1.5, 1.5, 1.5):  # a's machine got busy: its recent runs are slower than b's
-        race.add("a", seconds, cold=False)
-    assert next_step({"a": (1.0, 0.1), "b": (1.2, 0.1)}, race, "a", math.inf).implementation == "b"
+    guesses = {"a": (1.0, 0.1), "b": (1.2, 0.1)}
+    assert _next(guesses, race).implementation == "a"
+    for _ in range(6):  # a's machine got busy: its recent runs take twice as long
+        race.add("a", 2.0, cold=False)
+    assert _next(guesses, race).implementation == "b"
 
 
 def test_exploring_is_bounded_and_needs_a_call_left_to_profit():
     race = Race()
     race.add("a", 1.0, cold=False)
     guesses = {"a": (1.0, 0.1), "b": (1.0, 0.1)}
-    assert next_step(guesses, race, "a", calls_left=1).implementation == "a"  # no later call to profit
+    assert _next(guesses, race).implementation == "b"
+    assert _next(guesses, race, calls_left=1).implementation == "a"  # no later call to profit
     race.explored = EXPLORE_AT_MOST
-    assert next_step(guesses, race, "a", calls_left=math.inf).implementation == "a"
+    assert _next(guesses, race).implementation == "a"
 
 
 # -- the loop, through core.solve -------------------------------------------------------------

@@ -52,7 +52,7 @@ from core.costmodel.design import with_size
 from core.costmodel.features import model_features
 from core.costmodel.fit import CostModel
 from core.costmodel.planner import accepts_planner, current
-from core.costmodel.race import Band, sample_band
+from core.costmodel.race import estimate, relative_error
 from core.errors import AutoSelectionError
 from core.registry import get_registry, get_solver
 from core.result import Plan, Prediction
@@ -92,20 +92,24 @@ class _Candidate:
     simplicity: int
 
 
-def _predict(spec: SolverSpec, problem: Any, key: str, base: Mapping[str, float], measured: Mapping[str, Band],
+def _predict(spec: SolverSpec, problem: Any, key: str, base: Mapping[str, float], warm: Sequence[float],
              one_off: float) -> tuple[Prediction, CostModel | None]:
     fitted = current().model(spec, key)
-    if key in measured:  # warm runs of this very problem, in this planner: their median and spread
-        band = measured[key]
-        return Prediction(band.centre, "measured", one_off, (band.high - band.centre) / band.centre), fitted
-    if fitted is None:
+    guess: tuple[float, float] | None = None
+    if fitted is not None:
+        seconds, extrapolated = fitted.predict(model_features(spec, problem, key, base))
+        status = "extrapolated" if extrapolated else fitted.status
+        error = max(MIN_ERROR, fitted.relative_error)
+        if status != "calibrated":
+            error = max(error, EXTRAPOLATED_ERROR)
+        if not warm:
+            return Prediction(max(seconds, 0.0), status, one_off, error), fitted
+        guess = (max(seconds, 1e-12), error)
+    if not warm:
         return Prediction(None, "uncalibrated", one_off), None
-    seconds, extrapolated = fitted.predict(model_features(spec, problem, key, base))
-    status = "extrapolated" if extrapolated else fitted.status
-    error = max(MIN_ERROR, fitted.relative_error)
-    if status != "calibrated":
-        error = max(error, EXTRAPOLATED_ERROR)
-    return Prediction(max(seconds, 0.0), status, one_off, error), fitted
+    # warm runs of this very problem: the model and the runs together (core.costmodel.race)
+    band = estimate(guess, list(warm))
+    return Prediction(band.centre, "measured", one_off, relative_error(band), len(warm)), fitted
 
 
 @accepts_planner
@@ -131,7 +135,6 @@ def plan(problem: Any, *, solver: str | None = None, expected_calls: float | Non
     nominal = spec.features(problem)
     base = planner.expected_work(spec, problem, nominal)
     race = planner.known_race(spec, nominal)
-    measured = {key: sample_band(seconds) for key, seconds in race.warm.items() if seconds} if race else {}
     backends = get_registry().backends
     free_memory: dict[str, float | None] = {}  # read once per plan: each read opens /proc and cgroup files
     predictions: dict[str, Prediction] = {}
@@ -142,7 +145,7 @@ def plan(problem: Any, *, solver: str | None = None, expected_calls: float | Non
         if only is not None and key not in only:
             continue
         one_off = planner.one_off(spec, key, problem)
-        prediction, fitted = _predict(spec, problem, key, base, measured, one_off)
+        prediction, fitted = _predict(spec, problem, key, base, race.warm.get(key, []) if race else [], one_off)
         predictions[key] = prediction
         if fitted is not None:
             models[key] = fitted

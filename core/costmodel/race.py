@@ -11,39 +11,48 @@ The rule, pinned by ``tests/test_online_loop.py`` and stated in
 1. **Warm samples only.** A call that owed a one-off (a compile for this
    shape, a cache to fill: what calibration measured as a first run's
    excess) is kept apart as *cold* and never compared with warm samples.
-   Each implementation keeps its last :data:`WINDOW` warm samples; its
-   estimate is their median.
-2. **Spread from the samples.** The band of an estimate is the median
-   plus or minus half the samples' range (at least :data:`MIN_SPREAD`);
-   a single sample says nothing of its spread, so it gets
-   :data:`ONE_SAMPLE_SPREAD`. An implementation never run warm here is
-   banded by its model: cost plus or minus ``OVERLAP`` model errors.
-3. **The leader** is the lowest estimate among the warm-sampled ones (the
-   model's pick until something has run warm). Every call that runs the
-   leader adds a sample, so a leader that drifts up loses the lead to the
-   next estimate, which then runs and is re-checked.
-4. **Dropped when the data say so.** A contender is out of the race while
-   its band's lower end lies above the leader's upper end.
-5. **Exploring** runs a contender that has not run warm here and whose
-   band reaches below the leader's estimate (it could be faster),
-   cheapest guess first, in place of the leader. It happens only
-   while at least two more calls of this problem are expected (one to try,
-   one to profit), and at most :data:`EXPLORE_AT_MOST` times per problem.
-   A contender whose run came out cold is tried again, so a cold first
-   call is never its only evidence.
+   Each implementation keeps its last :data:`WINDOW` warm samples.
+2. **An estimate is the model and the samples together.** In log time,
+   the model's prediction counts with its relative error (at least
+   :data:`MODEL_FLOOR`: its leave-one-out error understates a miss off
+   the design), and each warm sample with the spread of the samples
+   themselves (their standard deviation, at least :data:`MIN_SPREAD`, once
+   there are :data:`SPREAD_AFTER`; until then :data:`SAMPLE_SPREAD`). The
+   estimate is their precision-weighted mean, and its band is plus or
+   minus ``OVERLAP`` of its own standard error. One noisy run moves a
+   well-calibrated model's estimate a little; consistent runs take over.
+3. **The leader** is the lowest estimate. Each call that runs it adds a
+   sample, so a leader that drifts up hands the lead to the next estimate,
+   which then runs and is re-checked.
+4. **Dropped when the data say so.** A contender whose band lies wholly
+   above the leader's is out.
+5. **Exploring is charged to the calls left.** A contender with fewer
+   warm runs than the leader (so the leader runs first, and a cold leader
+   runs again) is tried in the leader's place when the time it is
+   expected to save per call, ``E[max(0, t_leader - T)]`` over its
+   log-normal estimate ``T``, times the calls after this one (at most
+   :data:`EXPLORE_HORIZON`), exceeds what the trial costs over the
+   leader. The most promising goes first, at most
+   :data:`EXPLORE_AT_MOST` times per problem. A contender the models
+   place far behind is never tried; one as good as the leader within its
+   error is.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 WINDOW = 9  # warm samples kept per implementation and problem: recent enough to follow a drift
-MIN_SPREAD = 0.02  # a band never narrower than +-2 %: the clock and the scheduler's jitter
-ONE_SAMPLE_SPREAD = 0.25  # a single sample's band: its spread is unknown
-OVERLAP = 2.0  # a model's band: this many relative errors either side (as the plan's "close" set)
+MIN_SPREAD = 0.02  # a sample's spread never below 2 %: the clock and the scheduler's jitter
+SAMPLE_SPREAD = 0.25  # a sample's spread until there are enough to measure it
+SPREAD_AFTER = 3  # warm samples needed to measure their spread
+MODEL_FLOOR = 0.15  # a model's error as a prior never below 15 %
+OVERLAP = 2.0  # a band: this many standard errors either side
 EXPLORE_AT_MOST = 3  # calls per problem that may run a contender other than the leader
+EXPLORE_HORIZON = 10  # calls after a trial over which its expected gain is counted (a longer loop re-checks anyway)
 
 
 @dataclass(frozen=True)
@@ -53,7 +62,7 @@ class Band:
     centre: float
     low: float
     high: float
-    samples: int  # warm samples behind it; 0: the model's guess
+    samples: int  # warm samples behind it; 0: the model's guess alone
 
 
 @dataclass
@@ -71,26 +80,45 @@ class Race:
         del kept[:-WINDOW]
 
 
-def sample_band(samples: list[float]) -> Band:
-    """The band of warm samples: median +- half their range (one sample: +-ONE_SAMPLE_SPREAD)."""
-    centre = statistics.median(samples)
-    if len(samples) == 1:
-        spread = ONE_SAMPLE_SPREAD
-    else:
-        spread = max(MIN_SPREAD, (max(samples) - min(samples)) / (2 * centre)) if centre > 0 else MIN_SPREAD
-    return Band(centre, centre * (1 - spread), centre * (1 + spread), len(samples))
+def sample_spread(samples: list[float]) -> float:
+    """The relative spread of one warm sample: measured from the samples once there are enough."""
+    if len(samples) < SPREAD_AFTER or min(samples) <= 0:
+        return SAMPLE_SPREAD
+    return max(MIN_SPREAD, statistics.stdev(math.log(s) for s in samples))
 
 
-def model_band(cost: float, error: float) -> Band:
-    """The band of a model's prediction: cost +- OVERLAP relative errors."""
-    reach = OVERLAP * max(error, MIN_SPREAD)
-    return Band(cost, cost * max(0.0, 1 - reach), cost * (1 + reach), 0)
+def estimate(model: tuple[float, float] | None, samples: list[float]) -> Band:
+    """The precision-weighted mean, in log time, of a model's (cost, error) and warm samples."""
+    weights, terms = 0.0, 0.0
+    if model is not None and model[0] > 0:
+        weight = 1.0 / max(MODEL_FLOOR, model[1]) ** 2
+        weights, terms = weight, weight * math.log(model[0])
+    positive = [s for s in samples if s > 0]
+    if positive:
+        weight = 1.0 / sample_spread(positive) ** 2
+        weights += weight * len(positive)
+        terms += weight * sum(math.log(s) for s in positive)
+    if weights == 0:
+        return Band(math.inf, 0.0, math.inf, 0)
+    centre, error = terms / weights, 1.0 / math.sqrt(weights)
+    return Band(math.exp(centre), math.exp(centre - OVERLAP * error), math.exp(centre + OVERLAP * error),
+                len(positive))
 
 
 def bands(guesses: Mapping[str, tuple[float, float]], race: Race) -> dict[str, Band]:
-    """Each contender's band: from its warm samples here, else from its model's (cost, error)."""
-    return {key: sample_band(race.warm[key]) if race.warm.get(key) else model_band(*guess)
-            for key, guess in guesses.items()}
+    """Each contender's estimate from its model's (cost, error) and its warm samples here."""
+    return {key: estimate(guess, race.warm.get(key, [])) for key, guess in guesses.items()}
+
+
+def relative_error(band: Band) -> float:
+    """The band's standard error as a relative error (its half-width in log time over OVERLAP)."""
+    return math.log(band.high / band.centre) / OVERLAP if band.centre > 0 else math.inf
+
+
+def band_of(seconds: float, error: float, samples: int) -> Band:
+    """A band around ``seconds`` of ``OVERLAP`` relative errors either side (a Prediction's, as a Band)."""
+    reach = OVERLAP * max(error, MIN_SPREAD)
+    return Band(seconds, seconds * math.exp(-reach), seconds * math.exp(reach), samples)
 
 
 @dataclass(frozen=True)
@@ -103,29 +131,53 @@ class Step:
     dropped: tuple[str, ...] = ()
 
 
-def next_step(guesses: Mapping[str, tuple[float, float]], race: Race, first: str, calls_left: float) -> Step:
+def _phi(z: float) -> float:
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+def expected_gain(candidate: Band, leader: Band) -> float:
+    """Seconds per call a switch to ``candidate`` is expected to save: E[max(0, t_leader - T)].
+
+    ``T`` is log-normal with the candidate's estimate and standard error;
+    the leader's estimate is taken as known (it has the more runs).
+    """
+    sigma = relative_error(candidate)
+    if not math.isfinite(sigma) or sigma <= 0:
+        return max(0.0, leader.centre - candidate.centre)
+    d = (math.log(leader.centre) - math.log(candidate.centre)) / sigma
+    return leader.centre * _phi(d) - candidate.centre * math.exp(sigma**2 / 2) * _phi(d - sigma)
+
+
+def worth_trying(candidate: Band, leader: Band, calls_left: float) -> bool:
+    """Whether one call on ``candidate`` is expected to pay: its expected gain over the calls after it
+    (at most :data:`EXPLORE_HORIZON`) against what the call costs over the leader's."""
+    horizon = min(calls_left - 1, EXPLORE_HORIZON)
+    return horizon > 0 and expected_gain(candidate, leader) * horizon > max(0.0, candidate.centre - leader.centre)
+
+
+def next_step(estimated: Mapping[str, Band], race: Race, first: str, calls_left: float) -> Step:
     """The implementation this call runs.
 
-    ``guesses`` maps each contender to its model's (cost, relative error);
-    ``first`` is the plan's pick, run while nothing has run warm here;
+    ``estimated`` maps each contender to its :func:`estimate` (one-offs
+    still owed spread over the expected calls); ``first`` is the plan's
+    pick, which wins ties and runs when nothing can be estimated;
     ``calls_left`` is how many calls of this problem are still expected,
     this one included.
     """
-    estimated = bands(guesses, race)
-    sampled = [key for key in estimated if estimated[key].samples]
-    if not sampled:
-        return Step(first, False, f"{first}: the plan's pick, not yet run warm on this problem")
-    leader = min(sampled, key=lambda key: estimated[key].centre)
-    top = estimated[leader]
-    dropped = tuple(sorted(key for key in estimated if estimated[key].low > top.high))
-    untried = sorted((key for key in estimated
-                      if not estimated[key].samples and estimated[key].low < top.centre),
-                     key=lambda key: estimated[key].centre)
-    if untried and calls_left >= 2 and race.explored < EXPLORE_AT_MOST:
-        key = untried[0]
-        return Step(key, True, f"trying {key} (predicted {estimated[key].centre:.3g} s, not yet run warm here) "
-                               f"against {leader} (measured {top.centre:.3g} s)", dropped)
-    why = f"{leader}: fastest measured on this problem, {top.centre:.3g} s over {top.samples} warm run(s)"
+    finite = {key: band for key, band in estimated.items() if math.isfinite(band.centre) and band.centre > 0}
+    if not finite:
+        return Step(first, False, f"{first}: the plan's pick")
+    leader = min(finite, key=lambda key: (finite[key].centre, key != first))
+    top = finite[leader]
+    dropped = tuple(sorted(key for key in finite if finite[key].low > top.high))
+    worth = sorted((key for key in finite if key != leader and key not in dropped
+                    and finite[key].samples < top.samples and worth_trying(finite[key], top, calls_left)),
+                   key=lambda key: -expected_gain(finite[key], top))
+    if worth and race.explored < EXPLORE_AT_MOST:
+        key = worth[0]
+        return Step(key, True, f"trying {key} (estimated {finite[key].centre:.3g} s over "
+                               f"{finite[key].samples} warm run(s)) against {leader} ({top.centre:.3g} s)", dropped)
+    why = f"{leader}: fastest estimate on this problem, {top.centre:.3g} s ({top.samples} warm run(s) and its model)"
     if dropped:
         why += f"; slower by the data: {', '.join(dropped)}"
     return Step(leader, False, why, dropped)
