@@ -39,7 +39,9 @@ better passes ``expected_calls``; the larger of the two counts.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,7 +53,7 @@ from core.costmodel.calibrate import ensure_calibrated
 from core.costmodel.design import with_size
 from core.costmodel.features import model_features
 from core.costmodel.fit import CostModel
-from core.costmodel.planner import accepts_planner, current
+from core.costmodel.planner import accepts_planner, current, problem_key
 from core.costmodel.race import estimate, relative_error
 from core.errors import AutoSelectionError
 from core.registry import get_registry, get_solver
@@ -64,6 +66,8 @@ MIN_ERROR, EXTRAPOLATED_ERROR = 0.02, 0.5
 MIN_MARGIN, MAX_MARGIN = 0.02, 0.10
 OVERLAP = 2.0  # error bands: this many relative errors either side
 MEASURE_AT_MOST = 3
+VIEW_SECONDS = 1.0  # a cached view of the models is reused this long (the free memory it read ages)
+VIEWS_KEPT = 256
 
 
 def choose(costs: Mapping[str, float], simplicity: Mapping[str, int],
@@ -92,24 +96,69 @@ class _Candidate:
     simplicity: int
 
 
-def _predict(spec: SolverSpec, problem: Any, key: str, base: Mapping[str, float], warm: Sequence[float],
-             one_off: float) -> tuple[Prediction, CostModel | None]:
+def _model_prediction(spec: SolverSpec, problem: Any, key: str,
+                      base: Mapping[str, float]) -> tuple[Prediction, CostModel | None]:
+    """What the implementation's model alone predicts (no one-off, no runs of this problem)."""
     fitted = current().model(spec, key)
-    guess: tuple[float, float] | None = None
-    if fitted is not None:
-        seconds, extrapolated = fitted.predict(model_features(spec, problem, key, base))
-        status = "extrapolated" if extrapolated else fitted.status
-        error = max(MIN_ERROR, fitted.relative_error)
-        if status != "calibrated":
-            error = max(error, EXTRAPOLATED_ERROR)
-        if not warm:
-            return Prediction(max(seconds, 0.0), status, one_off, error), fitted
-        guess = (max(seconds, 1e-12), error)
+    if fitted is None:
+        return Prediction(None, "uncalibrated"), None
+    seconds, extrapolated = fitted.predict(model_features(spec, problem, key, base))
+    status = "extrapolated" if extrapolated else fitted.status
+    error = max(MIN_ERROR, fitted.relative_error)
+    if status != "calibrated":
+        error = max(error, EXTRAPOLATED_ERROR)
+    return Prediction(max(seconds, 0.0), status, 0.0, error), fitted
+
+
+def _with_runs(model: Prediction, warm: Sequence[float], one_off: float) -> Prediction:
+    """The model's prediction with this process's unpaid one-off, and with warm runs of this problem if any."""
     if not warm:
-        return Prediction(None, "uncalibrated", one_off), None
-    # warm runs of this very problem: the model and the runs together (core.costmodel.race)
+        return dataclasses.replace(model, one_off_seconds=one_off)
+    # the model and the runs together (core.costmodel.race)
+    guess = (max(model.seconds, 1e-12), model.error) if model.seconds is not None else None
     band = estimate(guess, list(warm))
-    return Prediction(band.centre, "measured", one_off, relative_error(band), len(warm)), fitted
+    return Prediction(band.centre, "measured", one_off, relative_error(band), len(warm))
+
+
+@dataclass(frozen=True)
+class _View:
+    """What the models say of one problem: cached, since it changes only when a model or the memory does."""
+
+    base: Mapping[str, float]  # the expected work
+    predictions: Mapping[str, Prediction]  # the models' alone
+    models: Mapping[str, CostModel]
+    excluded: Mapping[str, str]
+    free_memory: Mapping[str, float | None]
+    at: float
+
+
+def _view(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], only: Sequence[str] | None) -> _View:
+    """The models' view of ``problem``, reused while no model changed and the free memory is recent.
+
+    Building it reads the free memory, the solver's memory estimates and
+    every model: most of a small solve's overhead when done per call.
+    """
+    planner = current()
+    key = (spec.name, problem_key(nominal), tuple(only) if only is not None else None, planner.epoch)
+    cached = planner.views.get(key)
+    if cached is not None and time.monotonic() - cached.at < VIEW_SECONDS:
+        return cached
+    base = planner.expected_work(spec, problem, nominal)
+    free_memory: dict[str, float | None] = {}  # read once per view: each read opens /proc and cgroup files
+    predictions, models, excluded = {}, {}, {}
+    for name in implementations(spec):
+        if only is not None and name not in only:
+            continue
+        predictions[name], fitted = _model_prediction(spec, problem, name, base)
+        if fitted is not None:
+            models[name] = fitted
+        if why := exclusion(spec, problem, name, free_memory):
+            excluded[name] = why
+    view = _View(base, predictions, models, excluded, free_memory, time.monotonic())
+    if len(planner.views) > VIEWS_KEPT:
+        planner.views.clear()
+    planner.views[key] = view
+    return view
 
 
 @accepts_planner
@@ -133,23 +182,16 @@ def plan(problem: Any, *, solver: str | None = None, expected_calls: float | Non
     calls = effective_calls(spec, expected_calls)
     planner = current()
     nominal = spec.features(problem)
-    base = planner.expected_work(spec, problem, nominal)
+    view = _view(spec, problem, nominal, only)
     race = planner.known_race(spec, nominal)
     backends = get_registry().backends
-    free_memory: dict[str, float | None] = {}  # read once per plan: each read opens /proc and cgroup files
     predictions: dict[str, Prediction] = {}
     excluded: dict[str, str] = {}
     candidates: dict[str, _Candidate] = {}
-    models: dict[str, CostModel] = {}
-    for key in implementations(spec):
-        if only is not None and key not in only:
-            continue
+    for key, model in view.predictions.items():
         one_off = planner.one_off(spec, key, problem)
-        prediction, fitted = _predict(spec, problem, key, base, race.warm.get(key, []) if race else [], one_off)
-        predictions[key] = prediction
-        if fitted is not None:
-            models[key] = fitted
-        why = exclusion(spec, problem, key, free_memory)
+        prediction = predictions[key] = _with_runs(model, race.warm.get(key, []) if race else [], one_off)
+        why = view.excluded.get(key, "")
         if not why and prediction.seconds is None:
             why = "uncalibrated on this machine (run `crossover calibrate`)"
         if why:
@@ -163,8 +205,9 @@ def plan(problem: Any, *, solver: str | None = None, expected_calls: float | Non
     chosen, reason, confident, to_measure, close = _decide(candidates, calls, margin)
     thresholds = ()
     if explain:
-        runnable = {k: m for k, m in models.items() if not excluded.get(k, "").startswith(("unavailable", "unsupp"))}
-        free = {k: free_memory.get(backend_of(k)) for k in runnable}
+        runnable = {k: m for k, m in view.models.items()
+                    if not excluded.get(k, "").startswith(("unavailable", "unsupp"))}
+        free = {k: view.free_memory.get(backend_of(k)) for k in runnable}
         thresholds = tuple(break_even(spec, problem, runnable, free))
     warning = limits.too_long(spec.name, chosen, predictions[chosen].seconds,
                               limits.predicted_memory(spec, problem, chosen), limits.max_seconds())
@@ -172,7 +215,7 @@ def plan(problem: Any, *, solver: str | None = None, expected_calls: float | Non
         reason = f"{reason}; WARNING: {warning}"
     return Plan(solver=spec.name, backend=chosen, reason=reason, predictions=predictions, excluded=excluded,
                 break_even=thresholds, measure=to_measure, close=close, expected_calls=calls, confident=confident,
-                expected_work={name: value for name, value in base.items() if value != nominal.get(name)})
+                expected_work={name: value for name, value in view.base.items() if value != nominal.get(name)})
 
 
 def _margins(candidates: Mapping[str, _Candidate], best: str, margin: float | None) -> dict[str, float]:

@@ -108,7 +108,8 @@ class Planner:
         self._retaken: set[tuple[str, str]] = set()
         self._pending: list[tuple[str, str, str, dict[str, Any]]] = []
         self._last_flush = 0.0
-        self.epoch = 0  # bumped when a model or a calibration changes: cached plans are then stale
+        self.epoch = 0  # bumped when a model or a calibration changes: cached views (plan.py) are then stale
+        self.views: dict[tuple, Any] = {}  # plan.py's cached views of the models, by problem and epoch
 
     @classmethod
     def from_calibration(cls, other: Planner) -> Planner:
@@ -149,6 +150,7 @@ class Planner:
             self._calls.clear()
             self._races.clear()
             self._work.clear()
+            self.views.clear()
             self._warned.clear()
             self._retaken.clear()
             self._pending.clear()
@@ -448,6 +450,9 @@ class Planner:
                 del entry["history"][:-HISTORY_LIMIT]
                 pair = (spec.name, implementation)
                 self._fresh[pair] = self._fresh.get(pair, 0) + 1
+                cached = self._models.get(pair)
+                if cached is not None and self._fresh[pair] >= max(REFIT_AFTER, cached[1]):
+                    self.epoch += 1  # due for a refit: the next plan builds its view again, and refits
             self._add_work(spec, record)
             if time.monotonic() - self._last_flush > FLUSH_INTERVAL:
                 self.flush()
