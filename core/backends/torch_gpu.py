@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from typing import Any
 
 from core.backend import Availability, Backend
@@ -23,9 +24,27 @@ def _torch():
     return torch
 
 
+# device nodes a GPU driver makes on Linux: NVIDIA's, and AMD's for ROCm builds of torch
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd")
+
+
+def _no_gpu_driver() -> bool:
+    """True where no GPU can be there at all: Linux with no GPU driver's device node.
+
+    Checked before importing torch, which costs a fresh process about a
+    second on the 2-core VM, every first plan that asks whether the GPU
+    backend is available. Elsewhere (macOS's MPS, Windows) torch is asked.
+    """
+    return (sys.platform.startswith("linux") and "torch" not in sys.modules
+            and not any(os.path.exists(node) for node in GPU_DEVICE_NODES))
+
+
 def _probe() -> Availability:
     if importlib.util.find_spec("torch") is None:
         return Availability(False, "torch is not installed (pip install 'crossover[gpu]')")
+    if _no_gpu_driver():
+        return Availability(False, "torch sees no CUDA or MPS device: no GPU driver on this machine "
+                                   f"(none of {', '.join(GPU_DEVICE_NODES)})")
     torch = _torch()
     if torch.cuda.is_available():
         return Availability(True)

@@ -124,15 +124,45 @@ def identified_columns(design: np.ndarray, seconds: np.ndarray) -> list[int]:
     return kept
 
 
+def nnls(matrix: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """``argmin |A x - b|`` over ``x >= 0``, by Lawson and Hanson's active-set method.
+
+    In NumPy, not ``scipy.optimize.nnls``: importing scipy.optimize cost a
+    fresh process's first ``core.solve`` 0.4 s on the 2-core VM, and the
+    systems here have a handful of columns.
+    """
+    rows, columns = matrix.shape
+    solution = np.zeros(columns)
+    passive = np.zeros(columns, dtype=bool)
+    tolerance = 10 * np.finfo(float).eps * np.abs(matrix).sum(axis=0).max(initial=0.0) * max(rows, columns)
+    for _ in range(3 * columns + 10):  # each column enters at most a few times; a guard, never reached
+        gradient = matrix.T @ (target - matrix @ solution)
+        candidates = ~passive & (gradient > tolerance)
+        if not candidates.any():
+            break
+        passive[np.argmax(np.where(candidates, gradient, -np.inf))] = True
+        while True:
+            trial = np.zeros(columns)
+            trial[passive] = np.linalg.lstsq(matrix[:, passive], target, rcond=None)[0]
+            if (trial[passive] > tolerance).all():
+                solution = trial
+                break
+            # step back toward the last feasible point until a coefficient reaches zero, and free it
+            blocking = passive & (trial <= tolerance)
+            step = np.min(solution[blocking] / (solution[blocking] - trial[blocking]))
+            solution = solution + step * (trial - solution)
+            passive &= solution > tolerance
+            solution[~passive] = 0.0
+    return solution
+
+
 def _solve(design: np.ndarray, seconds: np.ndarray, columns: Sequence[int]) -> np.ndarray:
     """Weighted NNLS on the kept columns: minimise sum(((X c - t) / t)^2), c >= 0; zeros elsewhere."""
     weighted = design[:, columns] / seconds[:, None]
     # columns scaled to unit maximum so NNLS is well conditioned across 1 .. 1e10 feature values
     scale = np.abs(weighted).max(axis=0)
     scale[scale == 0] = 1.0
-    from scipy.optimize import nnls  # here, not at the top: importing scipy.optimize costs the CLI ~0.6 s
-
-    solution, _ = nnls(weighted / scale, np.ones(len(seconds)))
+    solution = nnls(weighted / scale, np.ones(len(seconds)))
     coefficients = np.zeros(design.shape[1])
     coefficients[list(columns)] = solution / scale
     return coefficients
