@@ -15,7 +15,7 @@ from core.costmodel.calibrate import measure_outputs
 from core.costmodel.features import model_features
 from core.costmodel.plan import plan
 from core.costmodel.planner import accepts_planner, current
-from core.costmodel.race import Step, band_of, next_step
+from core.costmodel.race import SHORT_RUN, SPREAD_AFTER, Step, band_of, next_step, short_run_sample
 from core.costmodel.warmup import tier_up, using
 from core.errors import (
     AutoSelectionError,
@@ -85,14 +85,21 @@ def _named(spec: SolverSpec, problem: Any, name: str, expected_calls: float | No
 PLANNING = ("estimate", "race", "measure")
 
 
-def _run(spec: SolverSpec, implementation: str, problem: Any,
-         nominal: Mapping[str, float]) -> tuple[dict, float, bool]:
+def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[str, float],
+         sampling: bool = False) -> tuple[dict, float, bool]:
     """Run once, paying the backend's start first, and observe the timing. Returns (outputs, seconds, cold).
 
     A run is *cold* when it owed a one-off: this process had not yet run the
     implementation (on this shape, for a variant that compiles per shape)
     and its calibration measured a first run's excess (a compile, a cache
     to fill). The loop and the model never compare a cold run with warm ones.
+
+    ``sampling`` (the loop still gathers this implementation's first runs
+    here): a warm run shorter than :data:`~core.costmodel.race.SHORT_RUN`
+    is repeated until the repeats add up to it, and their median is the
+    sample, as FFTW times short plans: one sub-millisecond call took 2-6x
+    its back-to-back time on the H200 host, and a loop that compared such
+    single calls moved off the fastest implementation.
     """
     planner = current()
     planner.start_backend(get_registry().backends[backend_of(implementation)])
@@ -100,8 +107,11 @@ def _run(spec: SolverSpec, implementation: str, problem: Any,
     cold = first and planner.implementation_one_off(spec, implementation, problem) > 0
     with using(implementation):
         outputs, seconds = run_once(spec, implementation, problem)
+        sample = seconds
+        if sampling and not cold and seconds < SHORT_RUN:
+            sample = short_run_sample(lambda: run_once(spec, implementation, problem)[1])
     planner.mark_paid(spec, implementation, problem)
-    planner.observe(spec, implementation, problem, seconds, outputs, cold, nominal)
+    planner.observe(spec, implementation, problem, sample, outputs, cold, nominal)
     if first and (fitted := planner.model(spec, implementation)) is not None:
         # a first call's excess over the steady-state model is this process's one-off cost,
         # when the model can be trusted here (an extrapolation would blame its own error)
@@ -187,7 +197,8 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     race = planner.race(spec, nominal)
     race.calls += 1
     race.explored += step.explore
-    outputs, seconds, cold = _run(spec, used, problem, nominal)
+    sampling = planning != "estimate" and len(race.warm.get(used, [])) < SPREAD_AFTER
+    outputs, seconds, cold = _run(spec, used, problem, nominal, sampling)
     predicted = decision.predictions.get(used)
     return Result(solver=spec.name, backend=used, seconds=seconds, outputs=outputs, plan=decision,
                   diagnostics={"problem": type(problem).__name__, "first_call": cold, "step": step.reason,

@@ -4,6 +4,10 @@ Kernels are written in the plugins with :func:`jit` so that every plugin
 gets the same compilation options: an on-disk cache (compiling costs seconds
 and is the backend's one-off cost) and ``parallel=True`` only where asked,
 because a tiny problem runs faster serially than the thread pool starts.
+
+Importing this module bounds how long idle OpenMP threads spin
+(:mod:`core.backends.openmp_spin`): spinning threads stalled small kernels
+for a whole time slice whenever anything else wanted the cores.
 """
 
 from __future__ import annotations
@@ -15,7 +19,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from core.backend import Availability, Backend, host_free_memory, usable_cores
+from core.backends import openmp_spin
 from core.backends.core_lending import cores_for_this_task
+
+# here, at import: every process of crossover's (the caller, a pool or dask worker) imports this module
+# before any Numba kernel runs, and the OpenMP runtime reads the settings once, when Numba loads it
+openmp_spin.limit_spinning()
 
 
 def jit(parallel: bool = False, **options: Any) -> Callable:
@@ -130,7 +139,8 @@ def _probe() -> Availability:
 def _describe() -> dict[str, Any]:
     import numba
 
-    info: dict[str, Any] = {"device": "cpu", "numba": numba.__version__, "threads": threads()}
+    info: dict[str, Any] = {"device": "cpu", "numba": numba.__version__, "threads": threads(),
+                            "openmp_spin": openmp_spin.describe()}
     try:
         info["threading_layer"] = numba.threading_layer()
     except ValueError:  # only known after the first parallel kernel ran

@@ -188,6 +188,26 @@ def best_of_rounds(spec: Any, cases: list[tuple[Any, list[str]]], repeats: int,
     return best
 
 
+SLOWER_THAN_BEST = 20.0  # an implementation predicted this many times slower than the fastest is not timed
+ALWAYS_TIMED_SECONDS = 0.5  # ... unless it is predicted to take less than this
+
+
+def worth_timing(decision: Any, used: set[str]) -> list[str]:
+    """The implementations timed for the truth: every runnable one, less those predicted far slower.
+
+    Timing numpy on a problem 4x beyond the quick space's top twelve times
+    took minutes per row on the H200 host, to confirm a 100x loss no
+    model was near choosing. What the loop ran, the models' pick and
+    anything predicted within :data:`SLOWER_THAN_BEST` of the fastest (or
+    under :data:`ALWAYS_TIMED_SECONDS`) are always timed.
+    """
+    runnable = [key for key in decision.predictions if key not in decision.excluded]
+    predicted = {key: decision.predictions[key].seconds for key in runnable}
+    fastest = min((s for s in predicted.values() if s is not None), default=None)
+    return [key for key in runnable if key in used or key == decision.backend or predicted[key] is None
+            or fastest is None or predicted[key] <= max(SLOWER_THAN_BEST * fastest, ALWAYS_TIMED_SECONDS)]
+
+
 def run_loop(spec: Any, problem: Any, calls: int) -> tuple[Any, list[Any]]:
     """``calls`` plain ``core.solve`` calls of ``problem`` on a fresh planner that holds only the calibration.
 
@@ -215,7 +235,7 @@ def evaluate(solver: str, quick: bool = True, repeats: int = 3, count: int = 12,
     for problem in held_out_problems(spec, quick, count=count, seed=seed):
         # the loop first, as a user meets the problem: nothing here has run it yet
         decision, results = run_loop(spec, problem, calls)
-        runnable = [key for key in decision.predictions if key not in decision.excluded]
+        runnable = worth_timing(decision, {r.backend for r in results})
         settle(spec, [key for key in runnable if key not in settled], problem)
         settled.update(runnable)
         (seconds,) = best_of_rounds(spec, [(problem, runnable)], repeats)

@@ -11,7 +11,11 @@ The rule, pinned by ``tests/test_online_loop.py`` and stated in
 1. **Warm samples only.** A call that owed a one-off (a compile for this
    shape, a cache to fill: what calibration measured as a first run's
    excess) is kept apart as *cold* and never compared with warm samples.
-   Each implementation keeps its last :data:`WINDOW` warm samples.
+   Each implementation keeps its last :data:`WINDOW` warm samples. While
+   it has fewer than :data:`SPREAD_AFTER`, a run shorter than
+   :data:`SHORT_RUN` is repeated within the call and the sample is the
+   repeats' median (FFTW repeats short runs): single sub-millisecond calls
+   mislead.
 2. **An estimate is the model and the samples together.** In log time,
    the model's prediction counts with its relative error (at least
    :data:`MODEL_FLOOR`: its leave-one-out error understates a miss off
@@ -42,7 +46,8 @@ The rule, pinned by ``tests/test_online_loop.py`` and stated in
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import statistics
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 WINDOW = 9  # warm samples kept per implementation and problem: recent enough to follow a drift
@@ -52,6 +57,8 @@ SPREAD_AFTER = 3  # warm samples needed to measure their spread
 MODEL_FLOOR = 0.15  # a model's error as a prior never below 15 %
 OVERLAP = 2.0  # a band: this many standard errors either side
 EXPLORE_AT_MOST = 3  # calls per problem that may run a contender other than the leader
+SHORT_RUN = 0.002  # a sample of a shorter run repeats it until the repeats add up to this (see short_run_sample)
+SHORT_RUN_REPEATS = 25
 EXPLORE_HORIZON = 10  # calls after a trial over which its expected gain is counted (a longer loop re-checks anyway)
 
 
@@ -78,6 +85,14 @@ class Race:
         kept = (self.cold if cold else self.warm).setdefault(implementation, [])
         kept.append(float(seconds))
         del kept[:-WINDOW]
+
+
+def short_run_sample(run: Callable[[], float]) -> float:
+    """The median of repeats of a short run (each returns its seconds) until they add up to SHORT_RUN."""
+    times: list[float] = []
+    while sum(times) < SHORT_RUN and len(times) < SHORT_RUN_REPEATS:
+        times.append(run())
+    return statistics.median(times)
 
 
 def sample_spread(samples: list[float]) -> float:
