@@ -43,6 +43,13 @@ def _next(guesses, race, first="a", calls_left=math.inf):
     return next_step(bands(guesses, race), race, first, calls_left)
 
 
+def _race(calls=1):
+    """A race whose next call is call ``calls + 1`` (call 2 may explore)."""
+    race = Race()
+    race.calls = calls
+    return race
+
+
 def test_nothing_warm_yet_runs_the_models_best():
     step = _next({"a": (1.0, 0.1), "b": (1.1, 0.1)}, Race())
     assert step.implementation == "a" and not step.explore
@@ -66,6 +73,12 @@ def test_the_spread_comes_from_the_samples():
     assert sample_spread([1.0, 1.0, 1.0]) == MIN_SPREAD
 
 
+def test_a_first_run_that_paid_what_no_one_off_names_is_set_aside():
+    # numba compiling for new argument types, a CUDA graph captured for a new shape: 12x the warm time
+    assert estimate((1.0, 0.1), [16.0, 1.3]).centre < 1.3
+    assert estimate(None, [1.0, 1.1, 5.0, 1.05]).centre == pytest.approx(1.05, rel=0.05)
+
+
 def test_one_noisy_run_moves_a_good_model_a_little_and_consistent_runs_take_over():
     assert estimate((1.0, 0.05), [1.5]).centre < 1.15
     assert estimate((1.0, 0.05), [1.5, 1.51, 1.49, 1.5, 1.5]).centre == pytest.approx(1.5, rel=0.02)
@@ -73,7 +86,7 @@ def test_one_noisy_run_moves_a_good_model_a_little_and_consistent_runs_take_over
 
 
 def test_a_contender_as_good_within_its_error_is_tried_and_dropped_when_the_data_say_it_is_slower():
-    race = Race()
+    race = _race()
     for seconds in (1.00, 1.01, 0.99):
         race.add("a", seconds, cold=False)
     near = _next({"a": (1.0, 0.1), "b": (1.05, 0.1)}, race)
@@ -85,7 +98,7 @@ def test_a_contender_as_good_within_its_error_is_tried_and_dropped_when_the_data
 
 
 def test_a_contender_the_models_place_far_behind_is_never_tried():
-    race = Race()
+    race = _race()
     race.add("a", 1.0, cold=False)
     step = _next({"a": (1.0, 0.1), "b": (3.0, 0.1)}, race)
     assert step.implementation == "a" and not step.explore
@@ -104,11 +117,15 @@ def test_a_drifting_leader_loses_the_lead_and_the_runner_up_is_rechecked():
 
 
 def test_exploring_is_bounded_and_needs_a_call_left_to_profit():
-    race = Race()
+    race = _race()
     race.add("a", 1.0, cold=False)
     guesses = {"a": (1.0, 0.1), "b": (1.0, 0.1)}
     assert _next(guesses, race).implementation == "b"
     assert _next(guesses, race, calls_left=1).implementation == "a"  # no later call to profit
+    race.calls = 2  # call 3 runs the best estimate: trials happen on calls 2, 4, 8, ...
+    assert _next(guesses, race).implementation == "a"
+    race.calls = 3
+    assert _next(guesses, race).implementation == "b"
     race.explored = EXPLORE_AT_MOST
     assert _next(guesses, race).implementation == "a"
 

@@ -23,8 +23,10 @@ The rule, pinned by ``tests/test_online_loop.py`` and stated in
    themselves (their standard deviation, at least :data:`MIN_SPREAD`, once
    there are :data:`SPREAD_AFTER`; until then :data:`SAMPLE_SPREAD`). The
    estimate is their precision-weighted mean, and its band is plus or
-   minus ``OVERLAP`` of its own standard error. One noisy run moves a
-   well-calibrated model's estimate a little; consistent runs take over.
+   minus ``OVERLAP`` of its own standard error. A sample over
+   :data:`OUTLIER_RATIO` times the median of the others is set aside. One
+   noisy run moves a well-calibrated model's estimate a little;
+   consistent runs take over.
 3. **The leader** is the plan's pick until something has run warm here,
    then the lowest estimate (the plan's pick within :data:`MIN_SPREAD` of
    it). Each call that runs it adds a sample, so a leader that drifts up
@@ -37,8 +39,9 @@ The rule, pinned by ``tests/test_online_loop.py`` and stated in
    expected to save per call, ``E[max(0, t_leader - T)]`` over its
    log-normal estimate ``T``, times the calls after this one (at most
    :data:`EXPLORE_HORIZON`), exceeds what the trial costs over the
-   leader. The most promising goes first, at most
-   :data:`EXPLORE_AT_MOST` times per problem. A contender the models
+   leader. The most promising goes first, only on calls 2, 4, 8, 16, ...
+   of the problem (so the call after a trial runs the best estimate), at
+   most :data:`EXPLORE_AT_MOST` times per problem. A contender the models
    place far behind is never tried; one as good as the leader within its
    error is.
 """
@@ -55,6 +58,7 @@ MIN_SPREAD = 0.02  # a sample's spread never below 2 %: the clock and the schedu
 SAMPLE_SPREAD = 0.25  # a sample's spread until there are enough to measure it
 SPREAD_AFTER = 3  # warm samples needed to measure their spread
 MODEL_FLOOR = 0.15  # a model's error as a prior never below 15 %
+OUTLIER_RATIO = 3.0  # a warm sample this many times the others' median is set aside (as the fit's outliers)
 OVERLAP = 2.0  # a band: this many standard errors either side
 EXPLORE_AT_MOST = 3  # calls per problem that may run a contender other than the leader
 SHORT_RUN = 0.002  # a sample of a shorter run repeats it until the repeats add up to this (see short_run_sample)
@@ -105,13 +109,27 @@ def sample_spread(samples: list[float]) -> float:
     return max(MIN_SPREAD, math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1)))
 
 
+def without_slow_outliers(samples: list[float]) -> list[float]:
+    """The samples less those over :data:`OUTLIER_RATIO` times the median of the others.
+
+    A first run on a new problem can pay what no one-off names (numba
+    compiling for new argument types, a CUDA graph captured for a new shape:
+    12x and 1,400x the warm time on the H200 host); one slow spell is no
+    estimate either. A drift that lasts is kept: it becomes the median.
+    """
+    if len(samples) < 2:
+        return samples
+    return [s for i, s in enumerate(samples)
+            if s <= OUTLIER_RATIO * statistics.median(samples[:i] + samples[i + 1:])]
+
+
 def estimate(model: tuple[float, float] | None, samples: list[float]) -> Band:
     """The precision-weighted mean, in log time, of a model's (cost, error) and warm samples."""
     weights, terms = 0.0, 0.0
     if model is not None and model[0] > 0:
         weight = 1.0 / max(MODEL_FLOOR, model[1]) ** 2
         weights, terms = weight, weight * math.log(model[0])
-    positive = [s for s in samples if s > 0]
+    positive = without_slow_outliers([s for s in samples if s > 0])
     if positive:
         weight = 1.0 / sample_spread(positive) ** 2
         weights += weight * len(positive)
@@ -173,6 +191,12 @@ def worth_trying(candidate: Band, leader: Band, calls_left: float) -> bool:
     return horizon > 0 and expected_gain(candidate, leader) * horizon > max(0.0, candidate.centre - leader.centre)
 
 
+def exploring_call(call: int) -> bool:
+    """Calls 2, 4, 8, 16, ... of a problem may explore: trials early, then ever rarer, and the call after a
+    trial always runs the best estimate."""
+    return call >= 2 and call & (call - 1) == 0
+
+
 def next_step(estimated: Mapping[str, Band], race: Race, first: str, calls_left: float) -> Step:
     """The implementation this call runs.
 
@@ -193,7 +217,7 @@ def next_step(estimated: Mapping[str, Band], race: Race, first: str, calls_left:
     worth = sorted((key for key in finite if key != leader and key not in dropped
                     and finite[key].samples < top.samples and worth_trying(finite[key], top, calls_left)),
                    key=lambda key: -expected_gain(finite[key], top))
-    if worth and race.explored < EXPLORE_AT_MOST:
+    if worth and race.explored < EXPLORE_AT_MOST and exploring_call(race.calls + 1):
         key = worth[0]
         return Step(key, True, f"trying {key} (estimated {finite[key].centre:.3g} s over "
                                f"{finite[key].samples} warm run(s)) against {leader} ({top.centre:.3g} s)", dropped)
