@@ -16,6 +16,7 @@ import pytest
 
 import core
 from core.costmodel import planner as planning
+from core.costmodel import race as race_rule
 from core.costmodel.evaluate import evaluate
 from core.costmodel.planner import Planner, current, use
 from core.costmodel.race import (
@@ -76,6 +77,9 @@ def test_the_spread_comes_from_the_samples():
 def test_a_first_run_that_paid_what_no_one_off_names_is_set_aside():
     # numba compiling for new argument types, a CUDA graph captured for a new shape: 12x the warm time
     assert estimate((1.0, 0.1), [16.0, 1.3]).centre < 1.3
+    lone = estimate((1.0, 0.1), [16.0])  # one run 16x its model: wait for a second before trusting it
+    assert lone.samples == 0 and lone.centre == pytest.approx(1.0)
+    assert estimate((1.0, 0.1), [16.0, 15.0]).centre > 10  # confirmed: the model was wrong
     assert estimate(None, [1.0, 1.1, 5.0, 1.05]).centre == pytest.approx(1.05, rel=0.05)
 
 
@@ -212,8 +216,11 @@ def test_evaluate_catches_a_loop_that_keeps_the_cold_sample(clean, monkeypatch):
     assert all(row.final == "device" for row in sound.rows), [row.calls for row in sound.rows]
     assert sound.max_final_regret < 0.3
 
-    # plant the fault: every run counts as warm, so the cold 10x first call is kept as fast's estimate
+    # plant the fault the issue saw: every run counts as warm and a lone run is trusted as it is, so the
+    # cold 10x first call is kept as device's estimate
     monkeypatch.setattr(Planner, "is_paid", lambda self, spec, implementation, problem: True)
+    monkeypatch.setattr(race_rule, "without_slow_outliers", lambda samples: samples)
+    monkeypatch.setattr(race_rule, "outlier_reach", lambda error: math.inf)
     seen.clear()
     broken = evaluate(spec.name, count=3, repeats=3, seed=7, calls=4)
     assert broken.max_final_regret > 0.3, [row.calls for row in broken.rows]

@@ -103,20 +103,20 @@ def measure(spec: SolverSpec, implementation: str, problem: Any, repeats: int = 
     At least ``max(3, repeats)`` timed runs; more for short runs, until they
     add up to ``MIN_SAMPLE_SECONDS``, like ``timeit``'s autorange.
     """
-    warm_up, seconds, _ = measure_outputs(spec, implementation, problem, repeats)
-    return warm_up, seconds
+    warm_up, timed, _ = measure_outputs(spec, implementation, problem, repeats)
+    return warm_up, statistics.median(timed)
 
 
 def measure_outputs(spec: SolverSpec, implementation: str, problem: Any,
-                    repeats: int = 3) -> tuple[float, float, dict]:
-    """As :func:`measure`, with the last run's outputs (what the work it did is read from)."""
+                    repeats: int = 3) -> tuple[float, list[float], dict]:
+    """(warm-up seconds, every timed run's seconds, the last run's outputs) as :func:`measure` takes them."""
     _quiet_after_spinners(backend_of(implementation))
     warm_up = run_once(spec, implementation, problem)[1]
     timed: list[float] = []
     while len(timed) < max(3, repeats) or (sum(timed) < MIN_SAMPLE_SECONDS and len(timed) < MAX_REPEATS):
         outputs, seconds = run_once(spec, implementation, problem)
         timed.append(seconds)
-    return warm_up, statistics.median(timed), outputs
+    return warm_up, timed, outputs
 
 
 def _quiet_after_spinners(backend: str) -> None:
@@ -258,7 +258,8 @@ def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: floa
             return
     began, paused_before = time.perf_counter(), _paused[0]
     try:
-        warm_up, seconds, outputs = measure_outputs(spec, key, problem, repeats)
+        warm_up, timed, outputs = measure_outputs(spec, key, problem, repeats)
+        seconds = statistics.median(timed)
     except CrossoverError as exc:
         climb.row.stopped, climb.done = f"failed: {exc}", True
         return

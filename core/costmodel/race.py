@@ -24,7 +24,10 @@ The rule, pinned by ``tests/test_online_loop.py`` and stated in
    there are :data:`SPREAD_AFTER`; until then :data:`SAMPLE_SPREAD`). The
    estimate is their precision-weighted mean, and its band is plus or
    minus ``OVERLAP`` of its own standard error. A sample over
-   :data:`OUTLIER_RATIO` times the median of the others is set aside. One
+   :data:`OUTLIER_RATIO` times the median of the others is set aside, and
+   so is a lone sample that far beyond its model's band, until a second
+   run confirms it; runs that agree with each other that far from the
+   model replace it. One
    noisy run moves a well-calibrated model's estimate a little;
    consistent runs take over.
 3. **The leader** is the plan's pick until something has run warm here,
@@ -123,13 +126,23 @@ def without_slow_outliers(samples: list[float]) -> list[float]:
             if s <= OUTLIER_RATIO * statistics.median(samples[:i] + samples[i + 1:])]
 
 
+def outlier_reach(error: float) -> float:
+    """How far over its model's prediction a lone run must be to wait for a second: OUTLIER_RATIO beyond the band."""
+    return OUTLIER_RATIO * math.exp(OVERLAP * max(MODEL_FLOOR, error))
+
+
 def estimate(model: tuple[float, float] | None, samples: list[float]) -> Band:
     """The precision-weighted mean, in log time, of a model's (cost, error) and warm samples."""
     weights, terms = 0.0, 0.0
+    positive = without_slow_outliers([s for s in samples if s > 0])
+    if model is not None and len(positive) == 1 and positive[0] > model[0] * outlier_reach(model[1]):
+        positive = []  # a lone first run far over its model: run it again before trusting it
+    if model is not None and len(positive) >= 2 and not (
+            model[0] / outlier_reach(model[1]) <= statistics.median(positive) <= model[0] * outlier_reach(model[1])):
+        model = None  # runs that agree with each other and not with the model: the model missed here
     if model is not None and model[0] > 0:
         weight = 1.0 / max(MODEL_FLOOR, model[1]) ** 2
         weights, terms = weight, weight * math.log(model[0])
-    positive = without_slow_outliers([s for s in samples if s > 0])
     if positive:
         weight = 1.0 / sample_spread(positive) ** 2
         weights += weight * len(positive)
