@@ -58,7 +58,8 @@ def test_a_run_predicted_past_the_limit_is_refused_before_it_starts(summing, bac
 
 def test_the_limit_can_be_lifted(summing):
     result = core.solve(summing(n=2000), max_seconds=float("inf"))
-    assert float(result["total"]) == 1999 * 2000 / 2 and RUNS == [2000]
+    # it ran (a short run may repeat within the call while the loop gathers its first samples)
+    assert float(result["total"]) == 1999 * 2000 / 2 and set(RUNS) == {2000}
 
 
 def test_the_environment_sets_the_limit_and_the_plan_warns(summing, monkeypatch):
