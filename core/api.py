@@ -198,7 +198,8 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     race = planner.race(spec, nominal)
     race.calls += 1
     race.explored += step.explore
-    sampling = planning != "estimate" and len(race.warm.get(used, [])) < SPREAD_AFTER
+    # a sample worth repeating a short run for: the loop is still deciding, and has few runs of this one
+    sampling = planning != "estimate" and step.contested and len(race.warm.get(used, [])) < SPREAD_AFTER
     outputs, seconds, cold = _run(spec, used, problem, nominal, sampling)
     predicted = decision.predictions.get(used)
     return Result(solver=spec.name, backend=used, seconds=seconds, outputs=outputs, plan=decision,

@@ -271,3 +271,25 @@ def test_expected_work_is_learnt_from_work_done(clean):
     plan = core.plan(GridProblem(500, 40), solver=spec.name)
     assert plan.expected_work == {"m": 20.0}
     assert plan.predictions["serial"].seconds == pytest.approx(20e-3, rel=0.05)
+
+
+def _counted(seconds, runs):
+    def run(problem):
+        runs.append(problem.n)
+        time.sleep(seconds)
+        return {"n": np.array(problem.n)}
+
+    return run
+
+
+def test_a_short_run_repeats_for_its_sample_only_while_the_race_is_contested(clean):
+    runs: list = []
+    (spec,) = _install(_spec("synthetic.short", {"serial": _counted(2e-4, runs), "device": _sleeper(0.02)}))
+    _calibrate(spec, "serial", lambda p: 2e-4, GRID)
+    _calibrate(spec, "device", lambda p: 2e-2, GRID)  # far behind: nothing to decide
+    core.solve(GridProblem(1_000, 10), solver=spec.name, expected_calls=math.inf)
+    assert len(runs) == 1
+    _calibrate(spec, "device", lambda p: 2.1e-4, GRID)  # neck and neck: the sample must be good
+    runs.clear()
+    result = core.solve(GridProblem(1_000, 11), solver=spec.name, expected_calls=math.inf)
+    assert result.backend == "serial" and len(runs) > 1 and set(runs) == {1_000}

@@ -12,10 +12,11 @@ The rule, pinned by ``tests/test_online_loop.py`` and stated in
    shape, a cache to fill: what calibration measured as a first run's
    excess) is kept apart as *cold* and never compared with warm samples.
    Each implementation keeps its last :data:`WINDOW` warm samples. While
-   it has fewer than :data:`SPREAD_AFTER`, a run shorter than
+   it has fewer than :data:`SPREAD_AFTER` and another contender could
+   still be faster (the step is *contested*), a run shorter than
    :data:`SHORT_RUN` is repeated within the call and the sample is the
    repeats' median (FFTW repeats short runs): single sub-millisecond calls
-   mislead.
+   mislead. Uncontested, a call runs once.
 2. **An estimate is the model and the samples together.** In log time,
    the model's prediction counts with its relative error (at least
    :data:`MODEL_FLOOR`: its leave-one-out error understates a miss off
@@ -178,6 +179,7 @@ class Step:
     explore: bool
     reason: str
     dropped: tuple[str, ...] = ()
+    contested: bool = False  # another contender could still be faster: this run's sample matters
 
 
 def _phi(z: float) -> float:
@@ -221,7 +223,10 @@ def next_step(estimated: Mapping[str, Band], race: Race, first: str, calls_left:
     """
     finite = {key: band for key, band in estimated.items() if math.isfinite(band.centre) and band.centre > 0}
     if not any(band.samples for band in finite.values()):  # the models alone: their pick, margin and all
-        return Step(first, False, f"{first}: the plan's pick, not yet run warm on this problem")
+        contested = first in finite and any(band.low < finite[first].centre
+                                            for key, band in finite.items() if key != first)
+        return Step(first, False, f"{first}: the plan's pick, not yet run warm on this problem",
+                    contested=contested)
     leader = min(finite, key=lambda key: finite[key].centre)
     if first in finite and finite[first].centre <= finite[leader].centre * (1 + MIN_SPREAD):
         leader = first  # within the clock's jitter, the plan's pick (the simpler) keeps the lead
@@ -230,11 +235,13 @@ def next_step(estimated: Mapping[str, Band], race: Race, first: str, calls_left:
     worth = sorted((key for key in finite if key != leader and key not in dropped
                     and finite[key].samples < top.samples and worth_trying(finite[key], top, calls_left)),
                    key=lambda key: -expected_gain(finite[key], top))
+    contested = any(finite[key].low < top.centre for key in finite if key != leader and key not in dropped)
     if worth and race.explored < EXPLORE_AT_MOST and exploring_call(race.calls + 1):
         key = worth[0]
         return Step(key, True, f"trying {key} (estimated {finite[key].centre:.3g} s over "
-                               f"{finite[key].samples} warm run(s)) against {leader} ({top.centre:.3g} s)", dropped)
+                               f"{finite[key].samples} warm run(s)) against {leader} ({top.centre:.3g} s)", dropped,
+                    contested=True)
     why = f"{leader}: fastest estimate on this problem, {top.centre:.3g} s ({top.samples} warm run(s) and its model)"
     if dropped:
         why += f"; slower by the data: {', '.join(dropped)}"
-    return Step(leader, False, why, dropped)
+    return Step(leader, False, why, dropped, contested=contested)
