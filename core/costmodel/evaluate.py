@@ -50,7 +50,7 @@ class EvaluationRow:
     # what each model predicted (seconds, and its status), to tell a model's miss from a timing's
     predicted: dict[str, tuple[float | None, str]] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)  # what core.solve ran, call after call
-    call_seconds: list[float] = field(default_factory=list)  # what each call took (cold ones included)
+    call_seconds: list[float] = field(default_factory=list)  # each call's wall time (cold ones included)
     explored: list[bool] = field(default_factory=list)
 
     @property
@@ -208,17 +208,23 @@ def worth_timing(decision: Any, used: set[str]) -> list[str]:
             or fastest is None or predicted[key] <= max(SLOWER_THAN_BEST * fastest, ALWAYS_TIMED_SECONDS)]
 
 
-def run_loop(spec: Any, problem: Any, calls: int) -> tuple[Any, list[Any]]:
+def run_loop(spec: Any, problem: Any, calls: int) -> tuple[Any, list[Any], list[float]]:
     """``calls`` plain ``core.solve`` calls of ``problem`` on a fresh planner that holds only the calibration.
 
-    Returns the models' plan on that planner (before any call) and each call's Result.
+    Returns the models' plan on that planner (before any call), each call's
+    Result and each call's wall time (planning, repeats of a short run and
+    all: what the user's loop pays).
     """
     from core.api import solve  # the public entry point is above the cost model: imported when used
 
+    results, walls = [], []
     with use(Planner.from_calibration(current())):
         decision = plan(problem, solver=spec.name, expected_calls=math.inf, explain=False)
-        results = [solve(problem, solver=spec.name, expected_calls=math.inf) for _ in range(calls)]
-    return decision, results
+        for _ in range(calls):
+            began = time.perf_counter()
+            results.append(solve(problem, solver=spec.name, expected_calls=math.inf))
+            walls.append(time.perf_counter() - began)
+    return decision, results, walls
 
 
 def evaluate(solver: str, quick: bool = True, repeats: int = 3, count: int = 12, seed: int = 2024,
@@ -234,7 +240,7 @@ def evaluate(solver: str, quick: bool = True, repeats: int = 3, count: int = 12,
     settled: set[str] = set()
     for problem in held_out_problems(spec, quick, count=count, seed=seed):
         # the loop first, as a user meets the problem: nothing here has run it yet
-        decision, results = run_loop(spec, problem, calls)
+        decision, results, walls = run_loop(spec, problem, calls)
         runnable = worth_timing(decision, {r.backend for r in results})
         settle(spec, [key for key in runnable if key not in settled], problem)
         settled.update(runnable)
@@ -245,6 +251,6 @@ def evaluate(solver: str, quick: bool = True, repeats: int = 3, count: int = 12,
             chosen=decision.backend, best=best, regret=seconds[decision.backend] / seconds[best] - 1,
             confident=decision.confident,
             predicted={key: (decision.predictions[key].seconds, decision.predictions[key].status) for key in seconds},
-            calls=[r.backend for r in results], call_seconds=[r.seconds for r in results],
+            calls=[r.backend for r in results], call_seconds=walls,
             explored=[bool(r.diagnostics.get("explored")) for r in results]))
     return report
