@@ -86,7 +86,7 @@ PLANNING = ("estimate", "race", "measure")
 
 
 def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[str, float],
-         sampling: bool = False) -> tuple[dict, float, bool]:
+         sampling: bool = False, first_touch: bool = False) -> tuple[dict, float, bool]:
     """Run once, paying the backend's start first, and observe the timing. Returns (outputs, seconds, cold).
 
     A run is *cold* when it owed a one-off: this process had not yet run the
@@ -100,6 +100,12 @@ def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[s
     sample, as FFTW times short plans: one sub-millisecond call took 2-6x
     its back-to-back time on the H200 host, and a loop that compared such
     single calls moved off the fastest implementation.
+
+    ``first_touch``: the first call on this problem in this planner. Its run
+    pays what later runs of any implementation do not (the first touch of
+    its arrays' pages, cold caches: a 116 ms linreg kernel took 353 ms on
+    its first call on the VM, and the loop then left it for one 1.9x
+    slower), so it is no warm sample for the loop, unless it was repeated.
     """
     planner = current()
     planner.start_backend(get_registry().backends[backend_of(implementation)])
@@ -108,10 +114,10 @@ def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[s
     with using(implementation):
         outputs, seconds = run_once(spec, implementation, problem)
         sample = seconds
-        if sampling and not cold and seconds < SHORT_RUN:
-            sample = short_run_sample(lambda: run_once(spec, implementation, problem)[1])
+        if sampling and not cold and seconds < SHORT_RUN:  # the repeats came after the first touch
+            sample, first_touch = short_run_sample(lambda: run_once(spec, implementation, problem)[1]), False
     planner.mark_paid(spec, implementation, problem)
-    planner.observe(spec, implementation, problem, sample, outputs, cold, nominal)
+    planner.observe(spec, implementation, problem, sample, outputs, cold, nominal, first_touch)
     if first and (fitted := planner.model(spec, implementation)) is not None:
         # a first call's excess over the steady-state model is this process's one-off cost,
         # when the model can be trusted here (an extrapolation would blame its own error)
@@ -196,11 +202,12 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     used = step.implementation
     _refuse_if_too_long(spec, problem, decision, used, limit)
     race = planner.race(spec, nominal)
+    first_touch = race.calls == 0
     race.calls += 1
     race.explored += step.explore
     # a sample worth repeating a short run for: the loop is still deciding, and has few runs of this one
     sampling = planning != "estimate" and step.contested and len(race.warm.get(used, [])) < SPREAD_AFTER
-    outputs, seconds, cold = _run(spec, used, problem, nominal, sampling)
+    outputs, seconds, cold = _run(spec, used, problem, nominal, sampling, first_touch)
     predicted = decision.predictions.get(used)
     return Result(solver=spec.name, backend=used, seconds=seconds, outputs=outputs, plan=decision,
                   diagnostics={"problem": type(problem).__name__, "first_call": cold, "step": step.reason,

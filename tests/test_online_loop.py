@@ -216,9 +216,15 @@ def test_evaluate_catches_a_loop_that_keeps_the_cold_sample(clean, monkeypatch):
     assert all(row.final == "device" for row in sound.rows), [row.calls for row in sound.rows]
     assert sound.max_final_regret < 0.3
 
-    # plant the fault the issue saw: every run counts as warm and a lone run is trusted as it is, so the
-    # cold 10x first call is kept as device's estimate
-    monkeypatch.setattr(Planner, "is_paid", lambda self, spec, implementation, problem: True)
+    # plant the fault the issue saw: every run counts as a warm sample and a lone run is trusted as it
+    # is, so the cold 10x first call is kept as device's estimate
+    observe = Planner.observe
+
+    def keeps_every_run(self, spec, implementation, problem, seconds, outputs, cold, nominal=None,
+                        first_touch=False):
+        observe(self, spec, implementation, problem, seconds, outputs, False, nominal, False)
+
+    monkeypatch.setattr(Planner, "observe", keeps_every_run)
     monkeypatch.setattr(race_rule, "without_slow_outliers", lambda samples: samples)
     monkeypatch.setattr(race_rule, "outlier_reach", lambda error: math.inf)
     seen.clear()
@@ -293,3 +299,14 @@ def test_a_short_run_repeats_for_its_sample_only_while_the_race_is_contested(cle
     runs.clear()
     result = core.solve(GridProblem(1_000, 11), solver=spec.name, expected_calls=math.inf)
     assert result.backend == "serial" and len(runs) > 1 and set(runs) == {1_000}
+
+
+def test_the_first_call_on_a_problem_is_no_warm_sample(clean):
+    # device's first run on each problem touches its memory first: 3x its warm time, with no one-off to say so
+    seen: set = set()
+    (spec,) = _install(_spec("synthetic.first_touch", {"device": _sleeper(0.02, first_per_shape=0.06, seen=seen),
+                                                       "serial": _sleeper(0.03)}))
+    _calibrate(spec, "device", lambda p: 2.0e-2, GRID)
+    _calibrate(spec, "serial", lambda p: 2.5e-2, GRID)
+    used = [core.solve(GridProblem(4_000, 9), solver=spec.name, expected_calls=math.inf) for _ in range(3)]
+    assert [r.backend for r in used] == ["device"] * 3 and used[0].seconds > 0.05

@@ -393,10 +393,16 @@ class Planner:
         return self._races.get((spec.name, problem_key(nominal)))
 
     def observe(self, spec: SolverSpec, implementation: str, problem: Any, seconds: float,
-                outputs: Mapping[str, Any] | None, cold: bool, nominal: Mapping[str, float] | None = None) -> None:
-        """Learn from one solve: the loop's estimate for this problem, and (if warm) the model's history."""
+                outputs: Mapping[str, Any] | None, cold: bool, nominal: Mapping[str, float] | None = None,
+                first_touch: bool = False) -> None:
+        """Learn from one solve: the loop's estimate for this problem, and (if warm) the model's history.
+
+        ``first_touch``: the first run on this problem in this planner, which
+        paid what later runs do not (its arrays' first pages, cold caches): the
+        model's history keeps it, the loop's estimate does not.
+        """
         nominal = spec.features(problem) if nominal is None else nominal
-        self.race(spec, nominal).add(implementation, seconds, cold)
+        self.race(spec, nominal).add(implementation, seconds, cold or first_touch)
         if not cold:  # a call that paid a one-off would bias the steady-state model
             self.record_solve(spec, implementation, self.sample_record(spec, implementation, problem, seconds,
                                                                        "solve", outputs, nominal))

@@ -10,7 +10,9 @@ The rule, pinned by ``tests/test_online_loop.py`` and stated in
 
 1. **Warm samples only.** A call that owed a one-off (a compile for this
    shape, a cache to fill: what calibration measured as a first run's
-   excess) is kept apart as *cold* and never compared with warm samples.
+   excess) is kept apart as *cold* and never compared with warm samples,
+   and so is the first call on a problem (it touches the problem's memory
+   first, for every implementation after it).
    Each implementation keeps its last :data:`WINDOW` warm samples. While
    it has fewer than :data:`SPREAD_AFTER` and another contender could
    still be faster (the step is *contested*), a run shorter than
