@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -409,7 +410,15 @@ def test_demo_subprocess_speaks_before_it_solves(tmp_path):
                                text=True, cwd=ROOT, env=env)
     first = process.stderr.readline()
     first_at = time.monotonic() - began
-    out, rest = process.communicate(timeout=300)
+    # the rest through the same stream objects: communicate() reads the pipes' descriptors, and would lose
+    # lines that readline() has already buffered (they arrive in one chunk when the demo starts quickly)
+    printed: list[str] = []
+    reader = threading.Thread(target=lambda: printed.append(process.stdout.read()))
+    reader.start()
+    rest = process.stderr.read()
+    reader.join(timeout=300)
+    process.wait(timeout=300)
+    out = printed[0]
     total = time.monotonic() - began
     assert first.startswith("crossover demo: 1 solver,")
     # Python's imports come first (about 1 s on an idle 2-core VM, several when it is shared); then

@@ -12,10 +12,10 @@ The rule, pinned by ``tests/test_online_loop.py`` and stated in
    shape, a cache to fill: what calibration measured as a first run's
    excess) is kept apart as *cold* and never compared with warm samples,
    and so is the first call on a problem (it touches the problem's memory
-   first, for every implementation after it).
-   Each implementation keeps its last :data:`WINDOW` warm samples. While
-   it has fewer than :data:`SPREAD_AFTER` and another contender could
-   still be faster (the step is *contested*), a run shorter than
+   first, for every implementation after it). Each implementation keeps
+   its last :data:`WINDOW` warm samples. While it has fewer than
+   :data:`SPREAD_AFTER` and another contender could still be faster (the
+   step is *contested*), a run shorter than
    :data:`SHORT_RUN` is repeated within the call and the sample is the
    repeats' median (FFTW repeats short runs): single sub-millisecond calls
    mislead. Uncontested, a call runs once.
@@ -30,9 +30,8 @@ The rule, pinned by ``tests/test_online_loop.py`` and stated in
    :data:`OUTLIER_RATIO` times the median of the others is set aside, and
    so is a lone sample that far beyond its model's band, until a second
    run confirms it; runs that agree with each other that far from the
-   model replace it. One
-   noisy run moves a well-calibrated model's estimate a little;
-   consistent runs take over.
+   model replace it. One noisy run moves a well-calibrated model's
+   estimate a little; consistent runs take over.
 3. **The leader** is the plan's pick until something has run warm here,
    then the lowest estimate (the plan's pick within :data:`MIN_SPREAD` of
    it). Each call that runs it adds a sample, so a leader that drifts up
