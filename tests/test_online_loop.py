@@ -295,7 +295,7 @@ def test_a_short_run_repeats_for_its_sample_only_while_the_race_is_contested(cle
     _calibrate(spec, "device", lambda p: 2e-2, GRID)  # far behind: nothing to decide
     core.solve(GridProblem(1_000, 10), solver=spec.name, expected_calls=math.inf)
     assert len(runs) == 1
-    _calibrate(spec, "device", lambda p: 2.1e-4, GRID)  # neck and neck: the sample must be good
+    _calibrate(spec, "device", lambda p: 2.0e-4, GRID)  # neck and neck: the sample must be good
     runs.clear()
     result = core.solve(GridProblem(1_000, 11), solver=spec.name, expected_calls=math.inf)
     assert result.backend == "serial" and len(runs) > 1 and set(runs) == {1_000}
