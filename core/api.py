@@ -5,6 +5,7 @@ This is the top of the core: nothing below imports it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -73,10 +74,7 @@ def _named(spec: SolverSpec, problem: Any, name: str, expected_calls: float | No
     if len(runnable) > 1:
         try:
             chosen = plan(problem, solver=spec.name, expected_calls=expected_calls, explain=False, only=runnable)
-            return Plan(solver=spec.name, backend=chosen.backend, reason=f"named by the caller; {chosen.reason}",
-                        predictions=chosen.predictions, excluded=chosen.excluded, measure=chosen.measure,
-                        close=chosen.close, expected_calls=chosen.expected_calls, confident=chosen.confident,
-                        expected_work=chosen.expected_work)
+            return dataclasses.replace(chosen, reason=f"named by the caller; {chosen.reason}")
         except AutoSelectionError:  # no variant calibrated yet: the first one the plugin lists
             pass
     return Plan(solver=spec.name, backend=runnable[0], reason="named by the caller")

@@ -404,8 +404,8 @@ class Planner:
         nominal = spec.features(problem) if nominal is None else nominal
         self.race(spec, nominal).add(implementation, seconds, cold or first_touch)
         if not cold:  # a call that paid a one-off would bias the steady-state model
-            self.record_solve(spec, implementation, self.sample_record(spec, implementation, problem, seconds,
-                                                                       "solve", outputs, nominal))
+            self.record_solve(spec, implementation,
+                              sample_record(spec, implementation, problem, seconds, "solve", outputs, nominal))
 
     # -- writing -----------------------------------------------------------------------
 
@@ -438,12 +438,6 @@ class Planner:
             self._change(change)
             self._work.pop(spec.name, None)
             self.epoch += 1
-
-    def sample_record(self, spec: SolverSpec, implementation: str, problem: Any, seconds: float, source: str,
-                      outputs: Mapping[str, Any] | None = None,
-                      nominal: Mapping[str, float] | None = None) -> dict[str, Any]:
-        """One timing as stored; with a solve's ``outputs``, the features of the work it really did."""
-        return sample_record(spec, implementation, problem, seconds, source, outputs, nominal)
 
     def record_solve(self, spec: SolverSpec, implementation: str, record: dict[str, Any]) -> None:
         """Add a real solve's timing; the model refits on its schedule."""
