@@ -9,6 +9,7 @@ catch a loop that keeps a cold sample.
 from __future__ import annotations
 
 import math
+import re
 import time
 
 import numpy as np
@@ -310,3 +311,21 @@ def test_the_first_call_on_a_problem_is_no_warm_sample(clean):
     _calibrate(spec, "serial", lambda p: 2.5e-2, GRID)
     used = [core.solve(GridProblem(4_000, 9), solver=spec.name, expected_calls=math.inf) for _ in range(3)]
     assert [r.backend for r in used] == ["device"] * 3 and used[0].seconds > 0.05
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda kept: core.solve(GridProblem(10), planner="fresh"),
+     "planner='fresh' is invalid: must be a core.Planner, or None for the current one"),
+    (lambda kept: core.plan(GridProblem(10), planner=3), "planner=3 is invalid: must be a core.Planner"),
+    (lambda kept: kept.import_([1, 2]), "data=[1, 2] is invalid: must be what Planner.export() returned"),
+    (lambda kept: kept.import_({"solvers": {"x": 1}}), "data={'solvers': {'x': 1}} is invalid"),
+    (lambda kept: core.solve(GridProblem(10), planning="patient"), "planning='patient' is invalid"),
+])
+def test_bad_planner_arguments_are_one_line_errors(clean, call, message):
+    (spec,) = _install(_spec("synthetic.bad_planner", {"serial": _sleeper(0.001)}))
+    _calibrate(spec, "serial", lambda p: 1e-3, GRID)
+    kept = Planner(persist=False)
+    kept.import_(current().export())
+    with pytest.raises(core.ProblemError, match=re.escape(message)):
+        call(kept)
+    assert kept.model(spec, "serial") is not None  # a refused import replaced nothing

@@ -46,6 +46,7 @@ from core.costmodel.features import feature_names, model_features
 from core.costmodel.fit import CostModel, Sample, fit
 from core.costmodel.race import Race
 from core.solver import SolverSpec, backend_of
+from core.validation import fail
 
 HISTORY_LIMIT = 200  # solve samples kept per (solver, implementation); calibration samples are kept apart
 FLUSH_INTERVAL = 5.0
@@ -164,7 +165,15 @@ class Planner:
         return copy.deepcopy(self.stored())
 
     def import_(self, data: Mapping[str, Any]) -> None:
-        """Replace the stored timings with ``data`` (from :meth:`export`), in memory and, if persisting, on disk."""
+        """Replace the stored timings with ``data`` (from :meth:`export`), in memory and, if persisting, on disk.
+
+        Checked before anything is replaced: what this planner holds is never
+        swapped for something that is not an export.
+        """
+        solvers = data.get("solvers") if isinstance(data, Mapping) else None
+        if not isinstance(solvers, Mapping) or not all(isinstance(entry, Mapping) for entry in solvers.values()):
+            raise fail("data", data, "must be what Planner.export() returned: a mapping whose 'solvers' maps "
+                                     "each solver to its entry")
         copied = copy.deepcopy(dict(data))
 
         def change(current: dict[str, Any]) -> None:
@@ -543,6 +552,8 @@ def accepts_planner(function: Callable[..., T]) -> Callable[..., T]:
     def on_planner(*args: Any, planner: Planner | None = None, **kwargs: Any) -> T:
         if planner is None:
             return function(*args, **kwargs)
+        if not isinstance(planner, Planner):
+            raise fail("planner", planner, "must be a core.Planner, or None for the current one")
         with use(planner):
             return function(*args, **kwargs)
 
