@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from core.api import BackendStatus, availability, backends, solve, solvers
 from core.backend import Availability, Backend
+from core.backends.dask_cluster import use_scheduler
 from core.checkpoint import CheckpointError, CheckpointWarning
 from core.costmodel.calibrate import calibrate
 from core.costmodel.evaluate import evaluate
@@ -47,5 +48,6 @@ __all__ = [
     "make_problem", "register", "solve", "solvers", "unregister", "__version__",
     "calibrate", "evaluate", "plan", "sweep", "SweepPoint", "SizeSpace", "lazy", "NotEnoughMemoryError",
     "TooLongError", "CheckpointError", "CheckpointWarning", "Planner", "current_planner", "use_planner",
+    "use_scheduler",
 ]
 

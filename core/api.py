@@ -14,7 +14,7 @@ from core import limits
 from core.backend import Availability, safe_describe
 from core.costmodel.calibrate import measure_outputs
 from core.costmodel.features import model_features
-from core.costmodel.plan import plan
+from core.costmodel.plan import plan, recent_free_memory
 from core.costmodel.planner import accepts_planner, current
 from core.costmodel.race import SHORT_RUN, SPREAD_AFTER, Step, band_of, next_step, short_run_sample
 from core.costmodel.warmup import tier_up, using
@@ -65,7 +65,8 @@ def availability(name: str) -> Availability:
 def _named(spec: SolverSpec, problem: Any, name: str, expected_calls: float | None) -> Plan:
     """A plan for a backend the caller named: its variant chosen by measurement, its memory checked."""
     keys = check_backend(spec, name)
-    reasons = {key: exclusion(spec, problem, key) for key in keys}
+    memory = recent_free_memory()
+    reasons = {key: exclusion(spec, problem, key, memory) for key in keys}
     runnable = [key for key in keys if not reasons[key]]
     if not runnable:
         why = "; ".join(f"{key}: {reason}" for key, reason in reasons.items())
@@ -203,6 +204,8 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     first_touch = race.calls == 0
     race.calls += 1
     race.explored += step.explore
+    if not step.explore:
+        race.leader = used
     # a sample worth repeating a short run for: the loop is still deciding, and has few runs of this one
     sampling = planning != "estimate" and step.contested and len(race.warm.get(used, [])) < SPREAD_AFTER
     outputs, seconds, cold = _run(spec, used, problem, nominal, sampling, first_touch)
@@ -216,6 +219,8 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
 def _refuse_if_too_long(spec: SolverSpec, problem: Any, decision: Plan, key: str, limit: float) -> None:
     """Nothing starts that the models predict to run past the limit."""
     predicted = _predicted_seconds(spec, problem, key, decision)
+    if predicted is None:  # no model for the implementation that will run: limits decides how to bound it
+        predicted = limits.unmodelled_seconds(spec, problem, key, limit)
     if predicted is not None:
         limits.refuse_if_too_long(spec.name, key, predicted, limits.predicted_memory(spec, problem, key), limit)
 

@@ -6,6 +6,7 @@ third-party plugin supplies one by filling in a :class:`Backend`.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from collections.abc import Callable
@@ -110,6 +111,34 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS and Windows have no affinity call
         return os.cpu_count() or 1
+
+
+DEFAULT_CACHE_BYTES = 32 * 2**20  # a server's last-level cache, where the host does not say
+
+
+@functools.cache
+def last_level_cache_bytes(cpu_dir: str = "/sys/devices/system/cpu/cpu0/cache") -> float:
+    """The largest data cache of this host's first CPU (Linux sysfs), in bytes, or 32 MiB where unknown.
+
+    For work declarations whose cost changes once the data no longer fit:
+    a pass over 123 MB of regression samples ran 3x slower per byte than the
+    in-cache passes a model was fitted on (the 2-core VM, L3 32 MiB).
+    """
+    sizes = []
+    for index in sorted(os.listdir(cpu_dir)) if os.path.isdir(cpu_dir) else []:
+        size = _read_text(os.path.join(cpu_dir, index, "size"))
+        kind = _read_text(os.path.join(cpu_dir, index, "type"))
+        if size and kind in ("Data", "Unified") and size[:-1].isdigit() and size[-1] in "KMG":
+            sizes.append(int(size[:-1]) * 1024 ** ("KMG".index(size[-1]) + 1))
+    return float(max(sizes)) if sizes else float(DEFAULT_CACHE_BYTES)
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as file:
+            return file.read().strip()
+    except OSError:
+        return ""
 
 
 def host_free_memory() -> float | None:

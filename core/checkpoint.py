@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import json
 import math
@@ -158,6 +159,59 @@ def file_fingerprint(path: str | os.PathLike) -> str:
         while piece := handle.read(2**20):
             digest.update(piece)
     return digest.hexdigest()
+
+
+def callable_identity(fn: Any, field: str = "target") -> str:
+    """A name for a function that is the same in every process and run, for a checkpoint's header.
+
+    - a function or class found by its name, ``module:qualname``, as a
+      worker or the next run would find it: defined at the top level of a
+      module (a builtin or NumPy function, a method of a class there);
+    - ``functools.partial``: its function's identity and a fingerprint of
+      its bound arguments (values a checkpoint can store), so two partials
+      of one function with other arguments are two runs;
+    - anything else is refused with a :class:`CheckpointError` naming
+      ``field``. Why refuse rather than guess: every lambda is named
+      ``<lambda>`` and every closure a factory makes shares one name, so a
+      second one would silently resume from the first one's results; and an
+      object's ``repr`` holds its memory address, which changes every run,
+      so it would never resume.
+    """
+    if isinstance(fn, functools.partial):
+        inner = callable_identity(fn.func, field)
+        bound = fingerprint((fn.args, dict(fn.keywords)), f"{field}'s functools.partial arguments")
+        return f"functools.partial({inner}, arguments {bound[:16]})"
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if module is None and isinstance(getattr(fn, "__self__", None), type):  # a builtin classmethod: dict.fromkeys
+        module = fn.__self__.__module__
+    if not isinstance(qualname, str) or not isinstance(module, str):
+        raise _unnamed(fn, field, f"a {type(fn).__name__!r} object has no name that stays the same from one run "
+                                  f"to the next")
+    if "<lambda>" in qualname:
+        raise _unnamed(fn, field, "every lambda is named <lambda>, so another lambda would resume from its results")
+    if "<locals>" in qualname:
+        raise _unnamed(fn, field, f"{qualname} is defined inside a function, and every function that call makes "
+                                  f"shares its name, so another would resume from its results")
+    if not _found_by_name(fn, module, qualname):  # a bound method, or an object whose name another one holds
+        raise _unnamed(fn, field, f"{module}.{qualname} names something else (a method bound to an object, or a "
+                                  f"function replaced since), so the name does not identify it")
+    return f"{module}:{qualname}"
+
+
+def _found_by_name(fn: Any, module: str, qualname: str) -> bool:
+    """Whether importing ``module`` and following ``qualname`` finds ``fn`` (as a worker, or the next run, would)."""
+    found: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    try:
+        return found is fn or bool(found == fn)  # a classmethod is a new bound method at each lookup, equal to it
+    except Exception:  # an == that cannot compare: not the same
+        return False
+
+
+def _unnamed(fn: Any, field: str, why: str) -> CheckpointError:
+    return CheckpointError(f"{field}={fn!r} cannot be checkpointed: {why}; define it with def at the top level of a "
+                           f"module (functools.partial of one is fine), or run without a checkpoint")
 
 
 # -- the file ----------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import math
 import os
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -34,8 +35,10 @@ import core
 from core.atomic import atomic_write
 from core.backends import dask_cluster
 from core.costmodel.calibrate import CalibrationInterrupted
+from core.costmodel.planner import current
 from core.costmodel.store import WisdomWarning
 from core.errors import CrossoverError, PluginError, PluginWarning, TaskFailedError
+from core.progress import PROGRESS_SECONDS
 from core.registry import get_registry, get_solver
 from core.running import implementations
 from core.solver import backend_of, problem_from_params
@@ -106,6 +109,37 @@ def _parse_params(pairs: Sequence[str]) -> dict[str, str]:
     return params
 
 
+def number_option(option: str, text: str | float | None, *, minimum: float, integer: bool = False,
+                  strict: bool = False, maximum: float | None = None, infinite: bool = False,
+                  allowed: str) -> float | int | None:
+    """A numeric option, checked before any work: None stays None, else a number within range.
+
+    Anything else is a :class:`UsageError` of one line (status 2, as every
+    user mistake): ``--budget=-5 is invalid: must be a number of seconds > 0``.
+    ``infinite`` lets ``inf`` through (a float option that means "no limit").
+    Options are parsed here rather than by argparse's ``type=``, whose errors
+    take two lines and cannot say what is allowed.
+    """
+    if text is None:
+        return None
+    raw = str(text).strip()
+    try:
+        number: float | int | None = int(raw) if integer else float(raw)
+    except ValueError:
+        number = None
+    fine = number is not None and (math.isfinite(number) or (infinite and number == math.inf))
+    fine = fine and (number > minimum if strict else number >= minimum)
+    if not fine or (maximum is not None and number > maximum):
+        shown = raw if raw.isprintable() and 0 < len(raw) <= 40 else repr(raw[:40])
+        raise UsageError(f"{option}={shown} is invalid: {allowed}")
+    return number
+
+
+def _calls_option(text: str | None) -> float | None:
+    return number_option("--calls", text, minimum=1, infinite=True,
+                         allowed="must be a number of calls >= 1 to spread one-off costs over, or inf to ignore them")
+
+
 # -- commands -------------------------------------------------------------------
 
 def cmd_backends(args: argparse.Namespace) -> int:
@@ -138,10 +172,11 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    calls = _calls_option(args.calls)
     spec = get_solver(args.solver)
     problem = problem_from_params(spec, _parse_params(args.param))
     target = save_target(args.save, spec.name) if args.save else None  # a bad path fails before the solve
-    result = core.solve(problem, backend=args.backend, solver=spec.name, expected_calls=args.calls)
+    result = core.solve(problem, backend=args.backend, solver=spec.name, expected_calls=calls)
     saved, failure = save_outputs(result.outputs, target, spec.name) if target is not None else (None, "")
     summary = spec.summarize(problem, result.outputs)
     payload = {"solver": spec.name, "backend": result.backend, "seconds": result.seconds, "summary": summary,
@@ -215,39 +250,6 @@ def save_outputs(outputs: Mapping[str, Any], path: Path, solver: str) -> tuple[P
     return fallback, f"{reason}; the outputs were saved to {fallback} instead"
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    """Run every solver's default problem on every backend that runs here.
-
-    Each pair runs twice: the first call pays one-off costs (JIT compile,
-    pool start, CUDA context), the repeat shows the steady state. Progress
-    goes to standard error from the start; a solver whose plugin fails is
-    named in one line and the others go on.
-    """
-    solvers = core.solvers()
-    progress = _DemoProgress(len(solvers))
-    table = Table(title="crossover demo: default problems, first call and repeat")
-    for column in ("implementation", "first s", "repeat s", "answer"):
-        table.add_column(column)
-    payload: list[dict[str, Any]] = []
-    statuses = core.backends(describe=False)
-    try:
-        for name, spec in solvers.items():
-            progress.solver(name)
-            table.add_section()
-            table.add_row(f"[bold]{escape(name)}[/bold]", "", "", "")
-            rows = _demo_solver(name, spec, statuses, progress)
-            for row in _merge_skipped(rows):
-                table.add_row(*_demo_cells(row))
-            payload += rows
-    except KeyboardInterrupt:
-        raise Interrupted(f"the demo stopped during {progress.current}; {_count(progress.done, 'run')} finished, "
-                          "nothing else to keep") from None
-    finally:
-        progress.stop()
-    _emit(args, payload, table, max_width=DEMO_WIDTH)
-    return FAULT if any("error" in row for row in payload) else 0
-
-
 def _blame(name: str, doing: str, exc: BaseException) -> str:
     """One line naming the plugin and the solver (a PluginError from a guarded spec function already does)."""
     if isinstance(exc, PluginError) and name in str(exc):
@@ -256,8 +258,54 @@ def _blame(name: str, doing: str, exc: BaseException) -> str:
     return f"plugin {owner!r}: solver {name!r}: {doing} raised {type(exc).__name__}: {exc}"
 
 
+DEMO_NOISE = 0.005  # s: a first call's excess below this (or 10 % of a warm call) is timing noise, not a one-off
+HEARTBEAT_SECONDS = 5.0  # a wait that outlasts PROGRESS_SECONDS says so again this often
+TICK_SECONDS = 0.25  # how often the progress thread looks at the wait in progress
+STARTS = {"numba": "Numba's thread pool start", "process": "process pool start", "torch": "CUDA start",
+          "dask": "cluster connection"}
+DEMO_HEADER = (
+    "crossover demo: each solver's default problem, twice on each implementation that runs here.",
+    "per call s: the second call, warm. first call s: the first call's whole wait, * where it was the first "
+    "in this process and paid the one-offs (listed under each table); unmarked, they were paid earlier.",
+    "auto chose: core.plan's choice after these runs (a solver not calibrated here chooses from the runs alone; "
+    "`crossover calibrate` lets it predict).",
+)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Run every solver's default problem on every backend that runs here, and show what auto chose.
+
+    Each pair runs twice: the first call pays what is still unpaid in this
+    process (JIT compile, pool start, CUDA context), the repeat shows the
+    steady state. Per solver, the table is followed by auto's choice with
+    the plan's reason and what it saves against the fixed backends, and by
+    the one-offs paid in this process. Progress goes to standard error from
+    the start; a solver whose plugin fails is named in one line and the
+    others go on.
+    """
+    solvers = core.solvers()
+    progress = _DemoProgress(len(solvers))
+    statuses = core.backends(describe=False)
+    sections: list[list[dict[str, Any]]] = []
+    try:
+        for name, spec in solvers.items():
+            progress.solver(name)
+            sections.append(_demo_solver(name, spec, statuses, progress))
+    except KeyboardInterrupt:
+        raise Interrupted(f"the demo stopped during {progress.current}; {_count(progress.done, 'run')} finished, "
+                          "nothing else to keep") from None
+    finally:
+        progress.stop()
+    payload = [row for rows in sections for row in rows]
+    if args.json:
+        _emit(args, payload)
+    else:
+        _print_demo(sections)
+    return FAULT if any("error" in row for row in payload) else 0
+
+
 def _demo_solver(name: str, spec: Any, statuses: Mapping[str, Any], progress: _DemoProgress) -> list[dict[str, Any]]:
-    """One solver's rows: each implementation run twice, skipped with a reason, or failed with the error."""
+    """One solver's rows: each implementation run twice, skipped or failed; then auto's choice (backend "auto")."""
     try:
         problem = spec.default_problem()
         keys = implementations(spec)
@@ -275,18 +323,74 @@ def _demo_solver(name: str, spec: Any, statuses: Mapping[str, Any], progress: _D
             if reason:
                 rows.append({**row, "skipped": reason})
                 continue
-            progress.pair(name, backend)
-            first = core.solve(problem, backend=backend, solver=name)
-            repeat = core.solve(problem, backend=backend, solver=name)
-            summary = spec.summarize(problem, repeat.outputs)
+            row.update(_demo_pair(name, spec, problem, backend, progress))
         except (Exception, SystemExit) as exc:  # one broken pair must not hide the others
             message = _blame(name, f"solving on {backend}", exc)
             progress.note(message)
             rows.append({**row, "error": message})
             continue
         progress.finished()
-        rows.append({**row, "first_seconds": first.seconds, "repeat_seconds": repeat.seconds, "summary": summary})
-    return rows
+        rows.append(row)
+    return [*rows, _demo_auto(name, spec, problem, rows)]
+
+
+def _demo_pair(name: str, spec: Any, problem: Any, key: str, progress: _DemoProgress) -> dict[str, Any]:
+    """Two calls of one implementation, and what the first paid that was still unpaid in this process."""
+    planner = current()
+    backend = backend_of(key)
+    has_start = get_registry().backends[backend].start is not None
+    starts = has_start and backend not in planner.process.started
+    compiles = not planner.is_paid(spec, key, problem)
+    progress.pair(name, key, first=starts or compiles)
+    waits, results = [], []
+    for call in range(2):
+        if call:
+            progress.repeat()
+        began = time.perf_counter()
+        # no time limit: the default problems are the plugins' own small ones, and bounding one that has no
+        # model would first calibrate it (a quick calibration per pair: most of a fresh clone's demo)
+        results.append(core.solve(problem, backend=key, solver=name, max_seconds=math.inf))
+        waits.append(time.perf_counter() - began)
+    first, repeat = results
+    # a backend starts before the timed run: its start is the first wait's excess outside the run, over the repeat's
+    start = max(0.0, (waits[0] - first.seconds) - (waits[1] - repeat.seconds)) if starts else 0.0
+    return {"first_call_seconds": waits[0], "first_seconds": first.seconds, "repeat_seconds": repeat.seconds,
+            "paid_here": starts or compiles,
+            "backend_start": "here" if starts else ("earlier" if has_start else None), "start_seconds": start,
+            "first_run": "here" if compiles else "earlier",
+            "first_run_excess_seconds": max(0.0, first.seconds - repeat.seconds) if compiles else 0.0,
+            "summary": spec.summarize(problem, repeat.outputs)}
+
+
+def _demo_auto(name: str, spec: Any, problem: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What auto chose for this problem after the runs (one-offs paid, warm runs known), why, and what it saves."""
+    auto: dict[str, Any] = {"solver": name, "backend": "auto"}
+    try:
+        decision = core.plan(problem, solver=name, explain=False)  # never calibrates: the demo stays short
+    except CrossoverError as exc:  # nothing calibrated and nothing ran: no choice to show
+        return {**auto, "unavailable": str(exc)}
+    except (Exception, SystemExit) as exc:  # a broken plugin must not stop the demo of the others
+        return {**auto, "error": _blame(name, "core.plan()", exc)}
+    chosen = decision.backend
+    ran = {row["backend"]: row["repeat_seconds"] for row in rows if "repeat_seconds" in row}
+    mine = ran.get(chosen)
+    return {**auto, "chose": chosen, "reason": decision.reason, "confident": decision.confident,
+            "basis": _demo_basis(spec, chosen, decision.predictions.get(chosen)), "seconds": mine,
+            # the fraction of each fixed implementation's warm time that auto's choice saves (negative: it costs)
+            "saving": {key: 1.0 - mine / seconds for key, seconds in ran.items() if key != chosen and mine is not None
+                       and seconds > 0}}
+
+
+def _demo_basis(spec: Any, key: str, prediction: Any) -> str:
+    """What the chosen prediction rests on, in a few words."""
+    if prediction is None:
+        return "no prediction"
+    if prediction.status != "measured":
+        return f"its {prediction.status} model"
+    runs = _count(prediction.samples, "warm run")
+    if current().model(spec, key) is not None:
+        return f"its calibrated model and {runs} here"
+    return f"{runs} here alone, not calibrated on this machine"
 
 
 def _merge_skipped(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -301,38 +405,133 @@ def _merge_skipped(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return merged
 
 
+def _print_demo(sections: list[list[dict[str, Any]]]) -> None:
+    """Per solver: its table, the line saying what auto chose, and the line of one-offs paid in this process."""
+    console = _console(DEMO_WIDTH)
+    # every table's first column as wide as the longest implementation key: names are never cut, tables align
+    names = max((len(row["backend"]) for rows in sections for row in rows if row["backend"] != "auto"), default=0)
+    for line in DEMO_HEADER:
+        console.print(escape(line))
+    for rows in sections:
+        pairs = [row for row in rows if row["backend"] != "auto"]
+        auto = next((row for row in rows if row["backend"] == "auto"), None)
+        chosen = auto.get("chose") if auto else None
+        table = Table(title=f"[bold]{escape(rows[0]['solver'])}[/bold]", title_justify="left")
+        table.add_column("implementation", no_wrap=True, min_width=names, overflow="fold")
+        table.add_column("per call s", justify="right", no_wrap=True)
+        table.add_column("first call s", justify="right", no_wrap=True)
+        table.add_column("answer")
+        for row in _merge_skipped(pairs):
+            table.add_row(*_demo_cells(row), style="bold" if row["backend"] == chosen else None)
+        console.print()
+        console.print(table)
+        if auto is not None:
+            console.print(escape(_auto_line(auto)))
+            console.print(escape(_one_offs_line(pairs)))
+
+
 def _demo_cells(row: Mapping[str, Any]) -> tuple[str, str, str, str]:
     if "skipped" in row:
         return row["backend"], "-", "-", f"[dim]skipped: {escape(row['skipped'])}[/dim]"
     if "error" in row:
         return row["backend"], "-", "-", f"[red]failed: {escape(row['error'])}[/red]"
-    return row["backend"], f"{row['first_seconds']:.3f}", f"{row['repeat_seconds']:.3f}", escape(row["summary"])
+    mark = "*" if row["paid_here"] else " "
+    return (row["backend"], f"{row['repeat_seconds']:.3f}", f"{row['first_call_seconds']:.3f}{mark}",
+            escape(row["summary"]))
+
+
+def _auto_line(auto: Mapping[str, Any]) -> str:
+    """``auto chose KEY: the plan's reason (its basis); saving X% against the slowest, Y% against numpy``."""
+    if "chose" not in auto:
+        return f"auto chose nothing: {auto.get('unavailable') or auto.get('error')}"
+    chosen, mine, saving = auto["chose"], auto["seconds"], auto["saving"]
+    line = f"auto chose {chosen}: {auto['reason']} ({auto['basis']})"
+    if mine is None:
+        return f"{line}; {chosen} did not run here"
+    if not saving:
+        return f"{line}; the only implementation that ran here"
+    slowest, fastest = max(saving, key=saving.get), min(saving, key=saving.get)  # the most saved: the slowest
+    parts = []
+    if saving[slowest] > 0:
+        parts.append(f"saving {saving[slowest]:.0%} against {slowest} (the slowest)")
+    if "numpy" in saving and slowest != "numpy":
+        parts.append(f"{saving['numpy']:.0%} against numpy")
+    if saving[fastest] < 0:  # a simpler choice within the margin, or the models' error: said, never hidden
+        parts.append(f"{-saving[fastest]:.0%} slower than {fastest}, the fastest here")
+    return f"{line}; {', '.join(parts)}" if parts else line
+
+
+def _one_offs_line(pairs: list[dict[str, Any]]) -> str:
+    """The one-offs this solver's runs paid in this process, with seconds, and those paid earlier in it."""
+    paid, earlier, due, started = [], [], False, set()
+    for row in pairs:
+        if "repeat_seconds" not in row:
+            continue
+        key, backend = row["backend"], backend_of(row["backend"])
+        due = due or row["paid_here"]
+        start = STARTS.get(backend, f"{backend} start")
+        if row["backend_start"] == "here":
+            started.add(backend)
+            if row["start_seconds"] >= DEMO_NOISE:
+                paid.append(f"{start} {row['start_seconds']:.2f} s (with {key})")
+        elif row["backend_start"] == "earlier" and backend not in started and start not in earlier:
+            earlier.append(start)
+        if row["first_run"] == "here" and row["first_run_excess_seconds"] >= max(DEMO_NOISE,
+                                                                                 0.1 * row["repeat_seconds"]):
+            compile_ = " (JIT compile)" if backend == "numba" else ""
+            paid.append(f"{key} first run +{row['first_run_excess_seconds']:.2f} s{compile_}")
+    before = f"; paid earlier in this process: {', '.join(earlier)}" if earlier else ""
+    if paid:
+        return f"one-offs paid in this process: {'; '.join(paid)}{before}"
+    if due:
+        return f"one-offs paid in this process: none measurable (each first call within noise of its repeat){before}"
+    if earlier:
+        return f"one-offs: none left to pay (paid earlier in this process: {', '.join(earlier)})"
+    if any("repeat_seconds" in row for row in pairs):
+        return "one-offs: none left to pay, all paid earlier in this process"
+    return "one-offs: none (nothing ran)"
 
 
 class _DemoProgress:
     """What the demo is doing, on standard error from its first moment.
 
     On a terminal a transient status line names the run in progress; piped,
-    one plain line per run, so a log shows where the time went.
+    one plain line per run, so a log shows where the time went. A wait
+    longer than :data:`~core.progress.PROGRESS_SECONDS` (a first Numba
+    compile takes a minute on a fresh clone) says how long it has taken so
+    far, and again every :data:`HEARTBEAT_SECONDS`, from a thread of its own.
     """
 
     def __init__(self, solvers: int):
         self.current, self.done = "its start", 0
         self._status = None
+        self._lock = threading.Lock()
+        self._began: float | None = None  # when the step in progress began
+        self._next = math.inf  # when the next "so far" line is due
+        self._phase = ""
+        self._quit = threading.Event()
         err = Console(stderr=True, highlight=False)
         print(f"crossover demo: {_count(solvers, 'solver')}, each implementation run twice (first call, then repeat); "
               "progress below, the table at the end", file=sys.stderr, flush=True)
         if err.is_terminal:
             self._status = err.status("starting")
             self._status.start()
+        self._ticker = threading.Thread(target=self._tick, name="crossover-demo-progress", daemon=True)
+        self._ticker.start()
 
     def solver(self, name: str) -> None:
-        self.current = name
+        self._begin(name, "its default problem")
         self._say(f"{name}: default problem")
 
-    def pair(self, name: str, backend: str) -> None:
-        self.current = f"{name} on {backend}"
+    def pair(self, name: str, backend: str, first: bool = False) -> None:
+        """Its first call begins; ``first``: the first in this process, which pays any one-off still due."""
+        self._begin(f"{name} on {backend}", "its first call in this process, which pays any one-off due (a JIT "
+                    "compile, a pool start)" if first else "its first call, all one-offs paid earlier")
         self._say(f"{name} on {backend} ...")
+
+    def repeat(self) -> None:
+        """The pair's second call begins (said only if it outlasts PROGRESS_SECONDS)."""
+        self._begin(self.current, "the repeat")
 
     def finished(self) -> None:
         self.done += 1
@@ -344,6 +543,22 @@ class _DemoProgress:
         else:
             print(f"crossover demo: {message}", file=sys.stderr, flush=True)
 
+    def _begin(self, doing: str, phase: str) -> None:
+        with self._lock:
+            self.current, self._phase = doing, phase
+            self._began = time.monotonic()
+            self._next = self._began + PROGRESS_SECONDS
+
+    def _tick(self) -> None:
+        while not self._quit.wait(TICK_SECONDS):
+            with self._lock:
+                now = time.monotonic()
+                if self._began is None or now < self._next:
+                    continue
+                self._next = now + HEARTBEAT_SECONDS
+                text = f"{self.current}: {now - self._began:.0f} s so far, {self._phase}"
+            self._say(text)
+
     def _say(self, text: str) -> None:
         if self._status is not None:
             self._status.update(escape(text))
@@ -351,6 +566,8 @@ class _DemoProgress:
             print(f"crossover demo: {text}", file=sys.stderr, flush=True)
 
     def stop(self) -> None:
+        self._quit.set()
+        self._ticker.join(timeout=1.0)
         if self._status is not None:
             self._status.stop()
 
@@ -362,7 +579,9 @@ def _solver_names(names: Sequence[str]) -> list[str]:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from core.costmodel.calibrate import calibrate
 
-    reports = calibrate(_solver_names(args.solvers), quick=not args.full, budget=args.budget,
+    budget = number_option("--budget", args.budget, minimum=0, strict=True,
+                           allowed="must be a number of seconds > 0 (the most to spend on each solver)")
+    reports = calibrate(_solver_names(args.solvers), quick=not args.full, budget=budget,
                         progress=not args.json and sys.stderr.isatty())
     table = Table(title=f"calibration ({'full' if args.full else 'quick'})")
     for column in ("solver", "implementation", "samples", "skipped", "start s", "one-off s", "seconds spent",
@@ -375,7 +594,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         for row in report.backends:
             one_off = "-" if row.one_off_seconds is None else f"{row.one_off_seconds:.3f}"
             start = "-" if row.start_seconds is None else f"{row.start_seconds:.3f}"
-            table.add_row(report.solver, row.backend, str(row.samples), str(row.skipped), start, one_off,
+            # earlier samples the calibration kept (it never replaces them with fewer), when there are any
+            samples = str(row.samples) + (f" (+{row.stored_samples - row.samples} kept)"
+                                          if row.stored_samples > row.samples else "")
+            table.add_row(report.solver, row.backend, samples, str(row.skipped), start, one_off,
                           f"{row.seconds_spent:.1f}", escape(row.stopped))
         payload.append({"solver": report.solver, "seconds": report.seconds, "error": report.error,
                         "backends": [vars(row) for row in report.backends]})
@@ -401,9 +623,10 @@ def _verdict(decision: core.Plan, name: str) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    calls = _calls_option(args.calls)
     spec = get_solver(args.solver)
     problem = problem_from_params(spec, _parse_params(args.param))
-    decision = core.plan(problem, solver=spec.name, expected_calls=args.calls, calibrate=True)
+    decision = core.plan(problem, solver=spec.name, expected_calls=calls, calibrate=True)
     table = Table(title=f"plan for {spec.name} ({spec.size_axis}={getattr(problem, spec.size_axis)})")
     for column in ("implementation", "predicted s", "± rel. error", "status", "unpaid one-off s", "verdict"):
         table.add_column(column)
@@ -463,8 +686,13 @@ def _ms(seconds: float | None) -> str:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from core.costmodel.evaluate import evaluate
 
-    report = evaluate(get_solver(args.solver).name, quick=not args.full, count=args.count, seed=args.seed,
-                      calls=args.calls)
+    count = number_option("--count", args.count, minimum=1, integer=True, maximum=10_000,
+                          allowed="must be a whole number of held-out problems from 1 to 10000")
+    seed = number_option("--seed", args.seed, minimum=0, integer=True, maximum=2**64 - 1,
+                         allowed="must be a whole number from 0 to 2**64-1")
+    calls = number_option("--calls", args.calls, minimum=1, integer=True, maximum=1_000,
+                          allowed="must be a whole number of core.solve calls per problem from 1 to 1000")
+    report = evaluate(get_solver(args.solver).name, quick=not args.full, count=count, seed=seed, calls=calls)
     backends = sorted({b for row in report.rows for b in row.seconds})
     table = Table(title=f"evaluate {report.solver}: held-out problems, warm seconds per solve")
     for column in ("problem", *backends, "best", f"core.solve, calls 1-{report.calls}", "final regret",
@@ -481,8 +709,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
              for row in report.worst(3) if row.final_regret > 0]
     _emit(args, report.to_dict(), table, *worst,
           f"core.solve on call {report.calls}: median regret {report.median_final_regret:.1%}, maximum "
-          f"{report.max_final_regret:.1%}; the loop's total at most {report.max_loop_ratio:.2f}x "
-          f"{report.calls} times the best's, over {len(report.rows)} held-out problems",
+          f"{report.max_final_regret:.1%}; the loop's total {report.median_loop_ratio:.2f}x (median), at most "
+          f"{report.max_loop_ratio:.2f}x that of {report.calls} calls naming the best implementation, "
+          f"over {len(report.rows)} held-out problems",
           f"the models' pick alone: median regret {report.median_regret:.1%}, maximum {report.max_regret:.1%}; "
           f"measured / predicted within [0.5, 2] on {report.predictions_within_2x:.0%} of the problems")
     return 0
@@ -512,8 +741,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                      help="set a problem field of the solver's default problem (repeatable)")
     run.add_argument("--save", metavar="FILE.npz", help="write the outputs to a .npz file")
-    run.add_argument("--calls", type=float, default=None,
-                     help="with auto: expected calls to spread one-off costs (JIT, pool start) over")
+    run.add_argument("--calls", default=None, metavar="N",
+                     help="with auto: expected calls (>= 1, or inf) to spread one-off costs (JIT, pool start) over")
 
     calibrate = commands.add_parser("calibrate", parents=[common], help="measure solvers on every backend")
     calibrate.add_argument("solvers", nargs="*", metavar="SOLVER", help="default: every registered solver")
@@ -521,13 +750,15 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--quick", action="store_true", help="small designed set, 25 s budget per solver (default)")
     mode.add_argument("--full", action="store_true",
                       help="larger designed set over the full space, 600 s budget per solver")
-    calibrate.add_argument("--budget", type=float, metavar="SECONDS", help="total seconds per solver")
+    calibrate.add_argument("--budget", metavar="SECONDS",
+                           help="total seconds per solver (> 0); the samples are added to those stored")
 
     plan = commands.add_parser("plan", parents=[common], help="show which backend auto-selection picks and why")
     plan.add_argument("solver")
     plan.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
-    plan.add_argument("--calls", type=float, default=None,
-                      help="expected calls to spread one-off costs over (default: learnt from this process)")
+    plan.add_argument("--calls", default=None, metavar="N",
+                      help="expected calls (>= 1, or inf) to spread one-off costs over (default: learnt from this "
+                           "process)")
 
     report = commands.add_parser("report", parents=[common], help="plot the models and break-even sizes")
     report.add_argument("solvers", nargs="*", metavar="SOLVER")
@@ -536,9 +767,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("evaluate", parents=[common], help="regret of auto-selection off the ladder")
     evaluate.add_argument("solver")
     evaluate.add_argument("--full", action="store_true", help="draw held-out problems from the full size space")
-    evaluate.add_argument("--count", type=int, default=12, help="random held-out problems (default 12)")
-    evaluate.add_argument("--seed", type=int, default=2024, help="seed of the held-out draw")
-    evaluate.add_argument("--calls", type=int, default=3, help="core.solve calls per problem (default 3)")
+    evaluate.add_argument("--count", default="12", help="random held-out problems (default 12)")
+    evaluate.add_argument("--seed", default="2024", help="seed of the held-out draw")
+    evaluate.add_argument("--calls", default="3", help="core.solve calls per problem (default 3)")
     _add_plugin_commands(commands)
     return parser
 
@@ -565,6 +796,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PluginError as exc:  # a broken plugin under CROSSOVER_PLUGINS_STRICT=1
         print(f"crossover: error: {exc}", file=sys.stderr)
         return FAULT
+    except CrossoverError as exc:  # a malformed setting read while plugins load (CROSSOVER_PLUGINS_STRICT=maybe)
+        print(f"crossover: error: {exc}", file=sys.stderr)
+        return USER_ERROR
     except KeyboardInterrupt:
         print("crossover: interrupted while loading plugins; nothing had started", file=sys.stderr)
         return INTERRUPTED

@@ -7,10 +7,20 @@ anything starts, with the prediction and the memory estimate in the
 message; a plan says the same in its reason. The limit is one hour by
 default, ``max_seconds=`` per call or ``CROSSOVER_MAX_SECONDS`` per
 environment; ``inf`` lifts it.
+
+With no model for the implementation that will run (a backend named on a
+machine where it was never calibrated), the rule is
+:func:`unmodelled_seconds`: a problem no larger, in every work measure the
+solver declares, than the largest problem of its full calibration design
+runs without a prediction (calibration itself runs such sizes); a larger
+one is measured first (one quick calibration of that implementation,
+logged, kept in the wisdom store), then predicted; one that still cannot
+be predicted is refused, since nothing then bounds it.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import Any
@@ -18,6 +28,8 @@ from typing import Any
 from core.errors import PluginError, TooLongError
 from core.running import memory_need
 from core.validation import fail
+
+log = logging.getLogger("crossover")
 
 DEFAULT_MAX_SECONDS = 3600.0
 ENVIRONMENT = "CROSSOVER_MAX_SECONDS"
@@ -81,3 +93,57 @@ def predicted_memory(spec: Any, problem: Any, implementation: str) -> float | No
         return memory_need(spec, problem, implementation)
     except PluginError:  # only decorates a message; the plan has already blamed a broken estimate
         return None
+
+
+_design_tops: dict[tuple[str, str], dict[str, float]] = {}  # (solver, version) -> its full design's largest work
+
+
+def design_top(spec: Any) -> dict[str, float]:
+    """The largest value of each work measure (``spec.features``) over the solver's full calibration design."""
+    key = (spec.name, str(getattr(spec, "version", "")))
+    if key not in _design_tops:
+        from core.costmodel.design import calibration_design  # the cost model sits above this module
+
+        tops: dict[str, float] = {}
+        for problem in calibration_design(spec, quick=False):
+            for name, value in spec.features(problem).items():
+                tops[name] = max(tops.get(name, 0.0), float(value))
+        _design_tops[key] = tops
+    return _design_tops[key]
+
+
+def beyond_design(spec: Any, problem: Any) -> list[str]:
+    """The work measures in which ``problem`` is larger than every problem of the solver's full calibration design."""
+    tops = design_top(spec)
+    return [name for name, value in spec.features(problem).items() if float(value) > tops.get(name, 0.0)]
+
+
+def unmodelled_seconds(spec: Any, problem: Any, implementation: str, limit: float) -> float | None:
+    """A prediction where ``implementation`` has no model yet: None (no need), a measured one, or a refusal.
+
+    - no limit (``inf``), or a problem no larger than the solver's full
+      calibration design in every work measure: None, the run goes ahead
+      (calibration itself runs problems that large);
+    - larger: one quick calibration of ``implementation`` (logged), then its
+      model's prediction, which the caller checks against the limit;
+    - still no model: :class:`TooLongError`, as nothing bounds the run.
+    """
+    if math.isinf(limit):
+        return None
+    larger = beyond_design(spec, problem)
+    if not larger:
+        return None
+    from core.costmodel.calibrate import calibrate_solver  # the cost model sits above this module
+    from core.costmodel.features import model_features
+    from core.costmodel.planner import current
+
+    log.warning("solver %s: %s has no model here and this problem is beyond its calibration design (%s): "
+                "measuring it once (quick calibration) to check it against the limit of %s", spec.name,
+                implementation, ", ".join(larger), duration(limit))
+    calibrate_solver(spec, quick=True, backends=[implementation])
+    fitted = current().model(spec, implementation)
+    if fitted is None:
+        raise TooLongError(f"{spec.name} on {implementation} cannot be predicted (no model, even after a quick "
+                           f"calibration) and this problem is beyond its calibration design in {', '.join(larger)}; "
+                           f"pass max_seconds=inf (or set {ENVIRONMENT}=inf) to run it anyway")
+    return max(0.0, fitted.predict(model_features(spec, problem, implementation))[0])

@@ -7,6 +7,12 @@ an unknown hook or returns a broken spec is skipped with a
 ``CROSSOVER_PLUGINS_STRICT=1`` turns that warning into an error and
 ``CROSSOVER_DISABLE_PLUGIN_AUTOLOAD=1`` skips the entry points entirely
 (``core.register`` still works).
+
+Both variables take 1, true, yes, on or 0, false, no, off (any case), or
+unset. Any other value is an error rather than a guess (``maybe`` is not a
+safe default for either): a one-line :class:`~core.errors.ProblemError`
+naming the variable, its value and what is allowed, raised before any
+plugin loads; the command line prints it and exits with status 2.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from core.solver import SolverSpec, check_spec
 from core.validation import env_flag
 
 ENTRY_POINT_GROUP = "crossover.plugins"
-OWN_DISTRIBUTION = "crossover"  # whose entry points are the built-in plugins
+OWN_DISTRIBUTION = "crossover-solvers"  # whose entry points are the built-in plugins
 
 
 @dataclass
@@ -78,10 +84,12 @@ def _build() -> Registry:
     registry = Registry(manager=manager)
     for backend in builtin_backends():
         registry.backends[backend.name] = backend
-    registry.plugins["core"] = PluginInfo("core", "builtin", _version("crossover"),
+    registry.plugins["core"] = PluginInfo("core", "builtin", _version(OWN_DISTRIBUTION),
                                           backends=list(registry.backends))
-    strict()  # a misspelt value is an error now, not only once some plugin fails
-    if not env_flag("CROSSOVER_DISABLE_PLUGIN_AUTOLOAD"):
+    # both read before anything loads: a misspelt value is an error now, not only once some plugin fails
+    strict()
+    autoload = not env_flag("CROSSOVER_DISABLE_PLUGIN_AUTOLOAD")
+    if autoload:
         for entry_point in _load_order(entry_points(group=ENTRY_POINT_GROUP)):
             dist = entry_point.dist.name if entry_point.dist else "?"
             version = entry_point.dist.version if entry_point.dist else ""

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.api import solve
-from core.checkpoint import Checkpoint, CheckpointError, fingerprint, open_checkpoint
+from core.checkpoint import Checkpoint, CheckpointError, callable_identity, fingerprint, open_checkpoint
 from core.errors import CrossoverError, TaskFailedError, TaskTimeoutError, WorkerCrashedError
 from core.registry import get_registry, get_solver
 from core.running import registered_backend
@@ -48,7 +48,14 @@ log = logging.getLogger("crossover")
 
 @dataclass
 class SweepPoint:
-    """One parameter set of a sweep and what became of it."""
+    """One parameter set of a sweep and what became of it.
+
+    ``backend`` is where the point ran: the backend whose task map ran it
+    (``"process"``, ``"dask"``, ...) for a mapped sweep, else the
+    implementation ``core.solve`` chose here (``"numba:threads"``), or None
+    for a function called here or a point that failed before any backend
+    was chosen.
+    """
 
     params: dict[str, Any]
     outputs: dict[str, Any] | None
@@ -90,7 +97,7 @@ def _point_task(task: tuple, shared: Mapping[str, Any], seed: Any) -> Row:
         outputs, used = _run_point(target, params, backend)
         return outputs, None, time.perf_counter() - started, used
     except Exception as exc:  # recorded for this point; the sweep goes on
-        return None, f"{type(exc).__name__}: {exc}", time.perf_counter() - started, backend
+        return None, f"{type(exc).__name__}: {exc}", time.perf_counter() - started, None
 
 
 def _task_backend(target: Target) -> str:
@@ -162,6 +169,7 @@ def _run_mapped(target: Target, points: list[dict[str, Any]], backend: str, opti
         batch = pending
 
         def finished(index: int, row: Row, batch: list[int] = batch) -> None:
+            row = (*row[:3], backend)  # the task ran on the map's backend, whatever ran inside it
             rows[batch[index]] = row
             report(batch[index], row)
 
@@ -206,6 +214,9 @@ def sweep(target: str | SolverSpec | Callable[..., Any], grid, backend: str = "a
     file written for another target or grid is refused with a
     :class:`~core.checkpoint.CheckpointError`. The backend is not part of a
     run's identity: a sweep stopped on one backend may resume on another.
+    A function target is named as :func:`~core.checkpoint.callable_identity`
+    names it: a ``functools.partial`` resumes in any process, while a lambda
+    or a function defined inside another is refused (its name is shared).
     """
     target = _checked_target(target)
     points = expand(grid)
@@ -257,9 +268,8 @@ def _sweep_rest(target: Target, points: list[dict[str, Any]], done: dict[int, Sw
 
 
 def _target_name(target: Target) -> str:
-    if isinstance(target, str):
-        return target
-    return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(target))}"
+    """The target as a checkpoint names it: a solver's name, or a function's identity (the same in every process)."""
+    return target if isinstance(target, str) else callable_identity(target, "target")
 
 
 def _run_identity(target: Target, points: list[dict[str, Any]]) -> dict[str, Any]:

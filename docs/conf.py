@@ -10,7 +10,7 @@ release = "0.1.0"
 extensions = ["myst_parser"]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
-# results/<machine>/ holds raw `crossover report` output, shown through results.md
+# results/<machine>/ holds raw output, indexed by results.md; results/*.md (the measurement logs) are pages
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "results/*/*.md", "results/*/*/*.md"]
 
 # No network: no intersphinx, no remote images, no link checking by default.

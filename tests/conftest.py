@@ -1,6 +1,15 @@
-"""Shared fixtures. GPU tests are marked ``gpu`` and skipped where no GPU runs."""
+"""Shared fixtures. GPU tests are marked ``gpu`` and skipped where no GPU runs.
+
+Tests are marked ``slow`` by measurement, not by hand: ``tests/slow_tests.txt``
+lists those whose setup and call took over a second on the 2-core VM, so
+``pytest -m "not slow"`` is the quick subset a contributor runs (CI runs
+them all). Regenerate the list from a full run's durations with
+``python -m pytest --durations=0 tests | python tests/slow_list.py``.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +22,20 @@ def _gpu_available() -> bool:
     return BACKEND.probe().available
 
 
+SLOW_LIST = Path(__file__).with_name("slow_tests.txt")
+
+
+def _slow_ids() -> set[str]:
+    if not SLOW_LIST.exists():
+        return set()
+    return {line.strip() for line in SLOW_LIST.read_text().splitlines() if line.strip() and not line.startswith("#")}
+
+
 def pytest_collection_modifyitems(config, items):
+    slow = _slow_ids()
+    for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)
     if any("gpu" in item.keywords for item in items) and not _gpu_available():
         skip = pytest.mark.skip(reason="needs a CUDA or MPS GPU (torch backend unavailable here)")
         for item in items:

@@ -346,8 +346,12 @@ def test_demo_table_fits_100_columns_and_a_broken_plugin_is_named(capsys, demo_r
 
 def test_demo_json_lists_every_solver_with_its_fault(capsys, demo_registry):
     assert main(["demo", "--json"]) == 1
-    rows = {row["solver"]: row for row in strict_json(capsys.readouterr().out)}
+    payload = strict_json(capsys.readouterr().out)
+    rows = {row["solver"]: row for row in payload if row["backend"] != "auto"}
+    auto = {row["solver"]: row for row in payload if row["backend"] == "auto"}
     assert rows["demo.good"]["summary"].startswith("n=4")
+    assert auto["demo.good"]["chose"] == "numpy" and "demo.no_default" not in auto  # no problem: nothing to plan
+    assert "no backend can run demo.bad_solve" in auto["demo.bad_solve"]["unavailable"]
     assert "RuntimeError: no default today" in rows["demo.no_default"]["error"]
     assert "demo_fakes" in rows["demo.bad_solve"]["error"]
     assert "ZeroDivisionError: broken kernel" in rows["demo.bad_solve"]["error"]

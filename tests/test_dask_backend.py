@@ -107,10 +107,10 @@ def test_without_dask_installed_the_probe_and_the_connection_say_so(no_scheduler
     dask_cluster.use_scheduler("local")
     monkeypatch.setattr(dask_cluster, "installed", lambda: False)
     assert dask_cluster.BACKEND.probe() == core.Availability(
-        False, "dask.distributed is not installed (pip install 'crossover[distributed]')")
+        False, "dask.distributed is not installed (from a clone of crossover: pip install '.[distributed]')")
     monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed now raises ImportError
     with pytest.raises(BackendUnavailableError, match=r"^backend 'dask' needs dask.distributed, which cannot be "
-                                                      r"imported .*pip install 'crossover\[distributed\]'$"):
+                                                      r"imported .*pip install '\.\[distributed\]'$"):
         dask_cluster.get_client()
 
 

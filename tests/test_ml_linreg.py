@@ -1,10 +1,11 @@
 """ml.linreg and LinearRegressionGD: every implementation follows the float64 trajectory; conventions; bad input.
 
 The independent truth is the closed form of gradient descent on a
-quadratic: with A = [[sum x^2, sum x], [sum x, n]] / n and
-c = [sum x y, sum y] / n, the step is theta <- theta - 2 lr (A theta - c),
-so theta_k = theta* + (I - 2 lr A)^k (theta_0 - theta*), with theta* the
-least-squares solution, and the loss at theta is a known quadratic.
+quadratic: with Z = [X, 1] (d features and the intercept's column), S the
+sample weights (all 1 without weights) and W their sum, A = Z^T S Z / W and
+c = Z^T S y / W, the step is theta <- theta - 2 lr (A theta - c), so
+theta_k = theta* + (I - 2 lr A)^k (theta_0 - theta*), with theta* the
+(weighted) least-squares solution, and the loss at theta is a known quadratic.
 """
 
 from __future__ import annotations
@@ -20,15 +21,19 @@ from plugins.ml.linreg_numpy import solve_numpy
 RTOL = 1e-6  # the acceptance bound: every backend's (w, b) and loss curve against the float64 reference
 
 
-def closed_form(X: np.ndarray, y: np.ndarray, lr: float, epochs: int, w0: float, b0: float):
-    n = len(X)
-    A = np.array([[X @ X, X.sum()], [X.sum(), n]]) / n
-    c = np.array([X @ y, y.sum()]) / n
+def closed_form(X: np.ndarray, y: np.ndarray, lr: float, epochs: int, w0, b0: float, weights=None):
+    """(theta = [w_1 .. w_d, b] after ``epochs`` steps, the loss before each) from powers of the step matrix."""
+    Z = np.column_stack([X.reshape(len(X), -1), np.ones(len(X))])
+    S = np.ones(len(X)) if weights is None else np.asarray(weights, dtype=np.float64)
+    W = S.sum()
+    A = Z.T @ (S[:, None] * Z) / W
+    c = Z.T @ (S * y) / W
     star = np.linalg.solve(A, c)
-    step = np.eye(2) - 2 * lr * A
-    theta, losses = np.array([w0, b0]), []
+    step = np.eye(len(A)) - 2 * lr * A
+    theta = np.append(np.broadcast_to(w0, (Z.shape[1] - 1,)), b0).astype(np.float64)
+    losses = []
     for _ in range(epochs):
-        losses.append(theta @ A @ theta - 2 * theta @ c + y @ y / n)
+        losses.append(theta @ A @ theta - 2 * theta @ c + (S * y) @ y / W)
         theta = star + step @ (theta - star)
     return theta, np.array(losses)
 
@@ -41,7 +46,8 @@ def noisy_problem(n: int = 30_011, epochs: int = 60) -> LinRegProblem:
 
 
 def assert_same_trajectory(outputs, reference) -> None:
-    np.testing.assert_allclose(float(outputs["coef"]), float(reference["coef"]), rtol=RTOL)
+    assert np.shape(outputs["coef"]) == np.shape(reference["coef"])
+    np.testing.assert_allclose(outputs["coef"], reference["coef"], rtol=RTOL)
     np.testing.assert_allclose(float(outputs["intercept"]), float(reference["intercept"]), rtol=RTOL)
     np.testing.assert_allclose(outputs["loss_curve"], reference["loss_curve"], rtol=RTOL)
     assert int(outputs["n_iter"]) == int(reference["n_iter"]) == len(reference["loss_curve"])
@@ -52,7 +58,7 @@ def test_reference_follows_the_closed_form_of_gradient_descent():
     X, y = problem.data()
     theta, losses = closed_form(X, y, problem.learning_rate, problem.n_epochs, problem.w0, problem.b0)
     out = solve_numpy(problem)
-    np.testing.assert_allclose([float(out["coef"]), float(out["intercept"])], theta, rtol=1e-10)
+    np.testing.assert_allclose([*out["coef"], float(out["intercept"])], theta, rtol=1e-10)
     np.testing.assert_allclose(out["loss_curve"], losses, rtol=1e-9)
     assert out["loss_curve"][-1] < 0.5 * out["loss_curve"][0]  # it descends
 
@@ -106,7 +112,7 @@ def test_numba_gives_the_same_bits_on_any_thread_count():
     finally:
         numba.set_num_threads(before)
     for run in runs[1:]:
-        assert np.array_equal(run["loss_curve"], runs[0]["loss_curve"]) and run["coef"] == runs[0]["coef"]
+        assert np.array_equal(run["loss_curve"], runs[0]["loss_curve"]) and np.array_equal(run["coef"], runs[0]["coef"])
 
 
 _INTERPRETED_EPOCHS = """
@@ -173,10 +179,10 @@ def test_moments_shortcut_is_a_separate_solver_on_the_same_trajectory():
 
 def test_preset_is_the_original_setup():
     data = preset()
-    assert len(data["X_train"]) == 4_000_000 and len(data["X_test"]) == 1_000_000
-    together = np.sort(np.concatenate([data["X_train"], data["X_test"]]))
+    assert data["X_train"].shape == (4_000_000, 1) and data["X_test"].shape == (1_000_000, 1)
+    together = np.sort(np.concatenate([data["X_train"][:, 0], data["X_test"][:, 0]]))
     np.testing.assert_allclose(together, np.arange(5_000_000) * 2e-6, rtol=0, atol=1e-9)
-    np.testing.assert_allclose(data["y_train"], 0.7 * data["X_train"] + 0.3, rtol=1e-15)
+    np.testing.assert_allclose(data["y_train"], 0.7 * data["X_train"][:, 0] + 0.3, rtol=1e-15)
     assert (data["learning_rate"], data["n_epochs"], data["w0"], data["b0"]) == (0.01, 200, 0.83, 0.7645)
 
 
@@ -187,7 +193,7 @@ def test_preset_run_numba_matches_reference_and_closed_form():
     assert_same_trajectory(core.solve(problem, backend="numba:threads", solver="ml.linreg").outputs, reference)
     X, y = problem.data()
     theta, _ = closed_form(X, y, 0.01, 200, 0.83, 0.7645)
-    np.testing.assert_allclose([float(reference["coef"]), float(reference["intercept"])], theta, rtol=1e-9)
+    np.testing.assert_allclose([*reference["coef"], float(reference["intercept"])], theta, rtol=1e-9)
 
 
 # -- the estimator ---------------------------------------------------------------------
@@ -210,6 +216,7 @@ def test_estimator_follows_scikit_learn_conventions():
     assert LinearRegressionGD().set_params(**params).get_params() == params
     problem = noisy_problem(epochs=30)
     assert estimator.fit(problem.X, problem.y) is estimator
+    assert estimator.n_features_in_ == 1 and estimator.coef_.shape == (1,)
     fresh = clone(estimator)
     assert not hasattr(fresh, "coef_")
     with pytest.raises(ValueError, match="invalid parameter 'alpha'"):
@@ -219,25 +226,23 @@ def test_estimator_follows_scikit_learn_conventions():
 
 def test_estimator_attributes_predict_and_score():
     problem = noisy_problem()
-    X2 = problem.X.reshape(-1, 1)  # scikit-learn's (n_samples, n_features) shape is accepted
+    X2 = problem.X  # scikit-learn's (n_samples, n_features) shape
     estimator = LinearRegressionGD(learning_rate=0.05, n_epochs=60, coef_init=-0.4, intercept_init=2.0,
                                    backend="numba").fit(X2, problem.y)
     reference = solve_numpy(problem)
     assert estimator.coef_.shape == (1,) and estimator.n_iter_ == 60
     assert estimator.backend_ in ("numba:threads", "numba:serial")  # "numba" names both variants
-    np.testing.assert_allclose(estimator.coef_[0], float(reference["coef"]), rtol=RTOL)
+    np.testing.assert_allclose(estimator.coef_, reference["coef"], rtol=RTOL)
     np.testing.assert_allclose(estimator.loss_curve_, reference["loss_curve"], rtol=RTOL)
     predicted = estimator.predict(X2)
-    np.testing.assert_allclose(predicted, estimator.coef_[0] * problem.X + estimator.intercept_, rtol=1e-15)
+    np.testing.assert_allclose(predicted, estimator.coef_[0] * problem.X[:, 0] + estimator.intercept_, rtol=1e-15)
     r2 = 1 - np.sum((problem.y - predicted) ** 2) / np.sum((problem.y - problem.y.mean()) ** 2)
     assert estimator.score(X2, problem.y) == pytest.approx(r2, rel=1e-12)
 
 
-def test_auto_backend_calibrates_then_chooses(empty_cache, monkeypatch):
-    from core.costmodel import calibrate
-
-    monkeypatch.setitem(calibrate.QUICK, "budget", 2.0)  # a short calibration: this test checks the wiring
+def test_auto_backend_chooses_once_calibrated(empty_cache):
     problem = noisy_problem(epochs=20)
+    core.calibrate(["ml.linreg"], budget=2.0, progress=False)  # a short calibration: this test checks the wiring
     estimator = LinearRegressionGD(learning_rate=0.05, n_epochs=20, coef_init=-0.4, intercept_init=2.0)
     estimator.fit(problem.X, problem.y)
     assert estimator.backend_ in core.solvers()["ml.linreg"].backends
@@ -247,12 +252,18 @@ def test_auto_backend_calibrates_then_chooses(empty_cache, monkeypatch):
 # -- bad input ---------------------------------------------------------------------------
 
 
+def column(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.float64).reshape(-1, 1)
+
+
 @pytest.mark.parametrize(("X", "y", "message"), [
-    (np.arange(5.0), np.arange(4.0), r"y=.* must have one value per sample of X: X has 5 samples, y has 4"),
-    (np.array([0.0, np.nan, 2.0]), np.arange(3.0), r"X=.* must be finite, found 1 NaN"),
-    (np.arange(3.0), np.array([0.0, 1.0, np.inf]), r"y=.* must be finite, found 1 NaN or inf"),
-    (np.ones((4, 2)), np.arange(4.0), r"X=.* must have one feature column .* got 2 columns"),
-    (np.zeros(0), np.zeros(0), r"X=.* must hold at least one sample"),
+    (column(np.arange(5.0)), np.arange(4.0), r"y=.* must have one value per sample of X: X has 5 samples, y has 4"),
+    (column([0.0, np.nan, 2.0]), np.arange(3.0), r"X=.* must be finite, found 1 NaN"),
+    (column(np.arange(3.0)), np.array([0.0, 1.0, np.inf]), r"y=.* must be finite, found 1 NaN or inf"),
+    (np.ones((4, 2, 1)), np.arange(4.0), r"X=.* must be 2-D \(n_samples, n_features\), got shape \(4, 2, 1\)"),
+    (np.arange(3.0), np.arange(3.0), r"X=.* must be 2-D .* got shape \(3,\)\. Reshape your data with X.reshape"),
+    (np.zeros((0, 1)), np.zeros(0), r"X=.* found 0 sample\(s\) \(shape=\(0, 1\)\) while a minimum of 1"),
+    (np.zeros((3, 0)), np.zeros(3), r"X=.* found 0 feature\(s\) \(shape=\(3, 0\)\) while a minimum of 1"),
 ])
 def test_bad_data_is_refused_with_the_field_named(X, y, message):
     with pytest.raises(ProblemError, match=message):
@@ -268,12 +279,13 @@ def test_bad_data_is_refused_with_the_field_named(X, y, message):
 ])
 def test_bad_hyperparameters_are_refused(params, message):
     with pytest.raises(ProblemError, match=message):
-        LinearRegressionGD(backend="numpy", **params).fit(np.arange(3.0), np.arange(3.0))
+        LinearRegressionGD(backend="numpy", **params).fit(column(np.arange(3.0)), np.arange(3.0))
 
 
 def test_predict_before_fit_is_a_not_fitted_error():
     estimator = LinearRegressionGD()
-    for call in (lambda: estimator.predict(np.arange(3.0)), lambda: estimator.score(np.arange(3.0), np.arange(3.0))):
+    X = column(np.arange(3.0))
+    for call in (lambda: estimator.predict(X), lambda: estimator.score(X, np.arange(3.0))):
         with pytest.raises(NotFittedError, match="not fitted yet: call fit"):
             call()
     assert issubclass(NotFittedError, ValueError) and issubclass(NotFittedError, AttributeError)

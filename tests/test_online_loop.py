@@ -22,12 +22,16 @@ from core.costmodel.evaluate import evaluate
 from core.costmodel.planner import Planner, current, use
 from core.costmodel.race import (
     EXPLORE_AT_MOST,
+    EXPLORE_HORIZON,
     MIN_SPREAD,
+    PAYBACK_FLOOR,
     SAMPLE_SPREAD,
     Race,
     bands,
     estimate,
+    expected_gain,
     next_step,
+    payback_calls,
     sample_spread,
 )
 from tests.test_selection import GRID, GridProblem, _calibrate, _install, _spec
@@ -85,7 +89,9 @@ def test_a_first_run_that_paid_what_no_one_off_names_is_set_aside():
 
 
 def test_one_noisy_run_moves_a_good_model_a_little_and_consistent_runs_take_over():
-    assert estimate((1.0, 0.05), [1.5]).centre < 1.15
+    assert estimate((1.0, 0.05), [1.3]).centre < 1.1
+    assert estimate((1.0, 0.05), [1.5]).centre == 1.0  # above the model's band: it waits for a second run
+    assert estimate((1.0, 0.05), [1.5, 1.45]).centre > 1.15  # confirmed: it counts
     assert estimate((1.0, 0.05), [1.5, 1.51, 1.49, 1.5, 1.5]).centre == pytest.approx(1.5, rel=0.02)
     assert estimate(None, [2.0]).centre == pytest.approx(2.0)  # no model: the runs alone
 
@@ -133,6 +139,35 @@ def test_exploring_is_bounded_and_needs_a_call_left_to_profit():
     assert _next(guesses, race).implementation == "b"
     race.explored = EXPLORE_AT_MOST
     assert _next(guesses, race).implementation == "a"
+
+
+def test_a_contender_known_only_by_its_model_needs_the_incumbent_above_its_band():
+    guesses = {"a": (1.0, 0.3), "b": (1.1, 0.1)}
+    race = _race(calls=2)
+    race.leader = "a"
+    race.add("a", 1.25, cold=False)  # one run of the incumbent, a little slow: the loop's own conditions
+    assert bands(guesses, race)["a"].centre > 1.1  # its estimate passed b's model ...
+    step = _next(guesses, race)
+    assert step.implementation == "a" and not step.explore  # ... but not b's band: a keeps the lead
+    for _ in range(3):  # a is truly slow here
+        race.add("a", 2.0, cold=False)
+    assert _next(guesses, race).implementation == "b"
+    race.leader = None  # no incumbent: the plan's pick stands in for it
+    assert _next(guesses, race, first="b").implementation == "b"
+
+
+def test_a_trial_must_pay_for_itself_within_the_calls_already_run():
+    # b is likely slower (1.2 against 1.0) but uncertain: its expected saving per call is small
+    guesses = {"a": (1.0, 0.1), "b": (1.2, 0.3)}
+    saving = expected_gain(estimate(guesses["b"], []), estimate(guesses["a"], [1.0]))
+    assert 3 * saving < 0.2 < 10 * saving  # worth it over ten calls, not over three
+    race = _race(calls=1)
+    race.add("a", 1.0, cold=False)
+    assert not _next(guesses, race).explore  # call 2 of a loop: three calls to pay back in
+    race.calls = 15
+    assert _next(guesses, race).explore  # call 16: the loop has run long enough to risk ten calls' saving
+    assert payback_calls(math.inf, 1) == PAYBACK_FLOOR and payback_calls(math.inf, 100) == EXPLORE_HORIZON
+    assert payback_calls(4, 100) == 3
 
 
 # -- the loop, through core.solve -------------------------------------------------------------
@@ -228,6 +263,7 @@ def test_evaluate_catches_a_loop_that_keeps_the_cold_sample(clean, monkeypatch):
     monkeypatch.setattr(Planner, "observe", keeps_every_run)
     monkeypatch.setattr(race_rule, "without_slow_outliers", lambda samples: samples)
     monkeypatch.setattr(race_rule, "outlier_reach", lambda error: math.inf)
+    monkeypatch.setattr(race_rule, "lone_reach", lambda error: math.inf)
     seen.clear()
     broken = evaluate(spec.name, count=3, repeats=3, seed=7, calls=4)
     assert broken.max_final_regret > 0.3, [row.calls for row in broken.rows]
@@ -283,7 +319,9 @@ def test_expected_work_is_learnt_from_work_done(clean):
 def _counted(seconds, runs):
     def run(problem):
         runs.append(problem.n)
-        time.sleep(seconds)
+        began = time.perf_counter()
+        while time.perf_counter() - began < seconds:  # a busy wait: sleep cannot wait under ~60 microseconds
+            pass
         return {"n": np.array(problem.n)}
 
     return run
@@ -291,12 +329,12 @@ def _counted(seconds, runs):
 
 def test_a_short_run_repeats_for_its_sample_only_while_the_race_is_contested(clean):
     runs: list = []
-    (spec,) = _install(_spec("synthetic.short", {"serial": _counted(2e-4, runs), "device": _sleeper(0.02)}))
-    _calibrate(spec, "serial", lambda p: 2e-4, GRID)
+    (spec,) = _install(_spec("synthetic.short", {"serial": _counted(5e-6, runs), "device": _sleeper(0.02)}))
+    _calibrate(spec, "serial", lambda p: 5e-6, GRID)
     _calibrate(spec, "device", lambda p: 2e-2, GRID)  # far behind: nothing to decide
     core.solve(GridProblem(1_000, 10), solver=spec.name, expected_calls=math.inf)
     assert len(runs) == 1
-    _calibrate(spec, "device", lambda p: 2.0e-4, GRID)  # neck and neck: the sample must be good
+    _calibrate(spec, "device", lambda p: 5.0e-6, GRID)  # neck and neck: the sample must be good
     runs.clear()
     result = core.solve(GridProblem(1_000, 11), solver=spec.name, expected_calls=math.inf)
     assert result.backend == "serial" and len(runs) > 1 and set(runs) == {1_000}

@@ -6,7 +6,9 @@ Why each choice:
   must work where dask is not installed; the probe asks whether
   ``distributed`` is installed without importing it.
 - *the scheduler is the user's choice*: ``use_scheduler(address)`` (Python),
-  ``--scheduler`` (CLI) or ``CROSSOVER_DASK_SCHEDULER``. Without one the
+  ``--scheduler`` (CLI) or ``CROSSOVER_DASK_SCHEDULER``; or the user's own
+  ``distributed.Client``, ``use_scheduler(client)``, which crossover uses
+  and never closes (it is the user's). Without one the
   backend is unavailable, so auto-selection never starts a cluster nobody
   asked for. ``local`` starts a ``LocalCluster`` of worker processes, one
   thread each, bound to 127.0.0.1, so nothing off this machine can reach it.
@@ -15,7 +17,18 @@ Why each choice:
   per process, as the process pool's start is.
 - *a scheduler that does not answer within a timeout*
   (``CROSSOVER_DASK_TIMEOUT``, default 10 s) is one clear error naming its
-  address, never a hang; so is one that stops answering during a map.
+  address, never a hang; so is one that stops answering during a map. A
+  ``tcp://`` address is first asked for the scheduler's greeting over a
+  plain socket, because distributed's own handshake waits for it without a
+  timeout (a server that accepts and stays silent, as an HTTP server does,
+  hung it for ever) and decodes garbage as a frame size ("Unable to
+  allocate 3.07 EiB"); whatever the protocol, the connection runs under a
+  deadline of its own.
+- *a ``local`` cluster's workers are spawned*, so each imports the caller's
+  main script: a script without an ``if __name__ == "__main__":`` guard is
+  refused with the process pool's :class:`~core.errors.UnguardedMainError`
+  before any worker starts (left to start, each worker reran the script and
+  printed its own traceback).
 - *shared inputs are scattered once, to every worker* (broadcast), rather
   than sent with each task.
 - *tasks are batched*: a dask task costs the scheduler about a millisecond
@@ -47,7 +60,10 @@ import os
 import pickle
 import queue
 import re
+import socket
+import struct
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -59,8 +75,14 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from core.backend import Availability, Backend, usable_cores
-from core.backends import core_lending
-from core.errors import BackendUnavailableError, TaskFailedError, UnpicklableTaskError, WorkerCrashedError
+from core.backends import core_lending, pool_main
+from core.errors import (
+    BackendUnavailableError,
+    TaskFailedError,
+    UnguardedMainError,
+    UnpicklableTaskError,
+    WorkerCrashedError,
+)
 from core.seeded_tasks import ResultCallback, TaskFn, readonly_views, task_labels, task_seeds
 from core.validation import check_float, env_seconds, fail
 
@@ -78,6 +100,13 @@ _POLL_SECONDS = 0.2
 _ADDRESS = re.compile(r"^(?:(?P<protocol>tcp|tls|ws|wss|ucx)://)?(?P<host>\[[0-9a-fA-F:]+\]|[^\s:/\[\]]+)"
                       r":(?P<port>\d{1,5})$")
 _ALLOWED_ADDRESS = "must be 'local' or a scheduler address host:port (tcp://, tls://, ws://, wss:// or ucx://)"
+_ALLOWED_SCHEDULER = _ALLOWED_ADDRESS.replace("must be 'local' or",
+                                              "must be 'local', a connected distributed.Client, or")
+# a scheduler's greeting (its handshake) is a few hundred bytes in a few frames; far more is not dask talking
+_GREETING_MAX_BYTES = 2**20
+_GREETING_MAX_FRAMES = 64
+# what a connection may take beyond the timeout before it counts as hung (distributed's own retries end first)
+_DEADLINE_GRACE_SECONDS = 2.0
 
 
 class SchedulerUnreachableError(BackendUnavailableError):
@@ -99,46 +128,69 @@ class SchedulerUnreachableError(BackendUnavailableError):
 _chosen: str | None = None  # set by use_scheduler(); wins over the environment
 _chosen_timeout: float | None = None
 _chosen_workers: int | None = None
+_users_client: Any = None  # a distributed.Client the user gave use_scheduler(): used, never closed
 
 
-def use_scheduler(scheduler: str | None, *, timeout: float | None = None, workers: int | None = None) -> None:
-    """Run the ``dask`` backend on ``scheduler``: an address such as ``tcp://10.0.0.5:8786``, or ``local``.
+def use_scheduler(scheduler: Any, *, timeout: float | None = None, workers: int | None = None) -> None:
+    """Run the ``dask`` backend on ``scheduler``: an address such as ``tcp://10.0.0.5:8786``, ``local``, or a Client.
 
-    It overrides ``CROSSOVER_DASK_SCHEDULER``; None goes back to it. ``timeout``
-    is how long to wait for the scheduler (and its first worker) to answer;
-    ``workers`` sizes a ``local`` cluster (default: the usable cores). A
-    client connected to another scheduler is closed. Call it before the
+    It overrides ``CROSSOVER_DASK_SCHEDULER``; None goes back to it. A
+    connected ``distributed.Client`` is used as it is, and crossover never
+    closes it (it is the caller's). ``timeout`` is how long to wait for the
+    scheduler (and its first worker) to answer; ``workers`` sizes a
+    ``local`` cluster (default: the usable cores). A client or cluster this
+    module started for another scheduler is closed. Call it before the
     first plan or solve of the process: availability is probed once per
     process (``core.running.forget_probes()`` probes again).
     """
-    global _chosen, _chosen_timeout, _chosen_workers
-    address = None if scheduler is None else normalize_address("scheduler", scheduler)
+    global _chosen, _chosen_timeout, _chosen_workers, _users_client
+    client = scheduler if _is_client(scheduler) else None
+    if client is not None:
+        address = _client_address(client)
+    elif scheduler is None or isinstance(scheduler, str):
+        address = None if scheduler is None else normalize_address("scheduler", scheduler)
+    else:
+        raise fail("scheduler", scheduler, _ALLOWED_SCHEDULER)
     if timeout is not None:
         timeout = check_float("timeout", timeout, minimum=0, strict_minimum=True)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise fail("workers", workers, "must be an integer >= 1 (the size of a local cluster)")
     if workers is not None and address != LOCAL:
         raise fail("workers", workers, "sizes a local cluster only (scheduler='local')")
-    if (address, workers) != (_chosen, _chosen_workers):
+    if (address, workers) != (_chosen, _chosen_workers) or client is not _users_client:
         shutdown()
-    _chosen, _chosen_timeout, _chosen_workers = address, timeout, workers
+    _chosen, _chosen_timeout, _chosen_workers, _users_client = address, timeout, workers, client
 
 
-def normalize_address(field: str, text: object) -> str:
+def _is_client(value: object) -> bool:
+    """Whether ``value`` is a distributed.Client (asked without importing distributed: a user's has imported it)."""
+    distributed = sys.modules.get("distributed")
+    return distributed is not None and isinstance(value, distributed.Client)
+
+
+def _client_address(client: Any) -> str:
+    """The scheduler address of a user's client, or a clear error for one that is not connected."""
+    address = getattr(getattr(client, "scheduler", None), "address", None)
+    if client.status != "running" or not isinstance(address, str):
+        raise fail("scheduler", client, f"is a distributed.Client that is {client.status}: pass a connected one")
+    return address
+
+
+def normalize_address(field: str, text: object, allowed: str = _ALLOWED_ADDRESS) -> str:
     """``local``, or the address with its protocol (``host:port`` means ``tcp://host:port``); else a clear error."""
     if not isinstance(text, str):
-        raise fail(field, text, _ALLOWED_ADDRESS)
+        raise fail(field, text, allowed)
     stripped = text.strip()
     if stripped.lower() == LOCAL:
         return LOCAL
     match = _ADDRESS.match(stripped)
     if match is None or not 0 < int(match["port"]) < 65536:
-        raise fail(field, text, _ALLOWED_ADDRESS)
+        raise fail(field, text, allowed)
     return f"{match['protocol'] or 'tcp'}://{match['host']}:{int(match['port'])}"
 
 
 def scheduler_address() -> str | None:
-    """The scheduler the backend runs on: ``use_scheduler``'s, else ``CROSSOVER_DASK_SCHEDULER``'s, else None."""
+    """The scheduler the backend runs on: ``use_scheduler``'s (a client's: its scheduler's), else the variable's."""
     if _chosen is not None:
         return _chosen
     text = os.environ.get(SCHEDULER_VARIABLE, "").strip()
@@ -181,7 +233,7 @@ def _distributed():
         import distributed
     except ImportError as exc:
         raise BackendUnavailableError(f"backend 'dask' needs dask.distributed, which cannot be imported ({exc}); "
-                                      "install it with: pip install 'crossover[distributed]'") from None
+                                      "install it from a clone: pip install '.[distributed]'") from None
     return distributed
 
 
@@ -195,30 +247,37 @@ def get_client() -> Any:
     if _client is not None and _connected_to == address and _client.status == "running":
         return _client
     shutdown()  # a client of another scheduler, or one whose scheduler went away
-    distributed = _distributed()
     timeout = connect_timeout()
     began = time.monotonic()
     cluster = None
-    try:
-        if address == LOCAL:
-            try:
-                cluster = _start_local_cluster(distributed)
-            except Exception as exc:  # a worker that cannot start, no free port: nothing to wait for
-                raise BackendUnavailableError(f"backend 'dask' could not start a local cluster of "
-                                              f"{local_workers()} workers: {_one_line(exc)}") from None
+    if _users_client is not None:
+        client = _users_client
+        if client.status != "running":
+            raise SchedulerUnreachableError(f"the distributed.Client given to use_scheduler() for {address} is "
+                                            f"{client.status}: pass a connected one", address)
+    elif address == LOCAL:
+        distributed = _distributed()
+        _refuse_unguarded_main()
+        try:
+            cluster = _start_local_cluster(distributed)
+        except Exception as exc:  # a worker that cannot start, no free port: nothing to wait for
+            raise BackendUnavailableError(f"backend 'dask' could not start a local cluster of "
+                                          f"{local_workers()} workers: {_one_line(exc)}") from None
+        try:
             client = distributed.Client(cluster, timeout=timeout, set_as_default=False)
-        else:
-            client = distributed.Client(address, timeout=timeout, set_as_default=False)
-    except (OSError, TimeoutError) as exc:
-        if cluster is not None:
+        except (OSError, TimeoutError) as exc:
             cluster.close()
-        raise SchedulerUnreachableError(
-            f"dask scheduler {address} did not answer within {timeout:g} s ({TIMEOUT_VARIABLE} sets the wait): "
-            f"{_one_line(exc)}", address) from None
+            raise _no_answer(address, timeout, exc) from None
+    else:
+        distributed = _distributed()
+        if address.startswith("tcp://"):
+            _check_greeting(address, timeout)
+        client = _connect_within(distributed, address, max(0.5, timeout - (time.monotonic() - began)), timeout)
     try:
         client.wait_for_workers(1, timeout=max(0.1, timeout - (time.monotonic() - began)))
     except (OSError, TimeoutError):
-        client.close()
+        if client is not _users_client:  # the user's client is theirs to close
+            client.close()
         if cluster is not None:
             cluster.close()
         raise SchedulerUnreachableError(f"dask scheduler {address} answered but has no worker after {timeout:g} s "
@@ -227,6 +286,125 @@ def get_client() -> Any:
     _unreachable = None
     _shown = address if cluster is None else f"{cluster.scheduler_address} (local cluster)"
     return client
+
+
+def _no_answer(address: str, timeout: float, exc: BaseException | None, what: str = "") -> SchedulerUnreachableError:
+    why = f": {what}" if what else f": {_one_line(exc)}" if exc is not None else ""
+    return SchedulerUnreachableError(f"dask scheduler {address} did not answer within {timeout:g} s "
+                                     f"({TIMEOUT_VARIABLE} sets the wait){why}", address)
+
+
+def _not_dask(address: str, why: str) -> SchedulerUnreachableError:
+    return SchedulerUnreachableError(f"{address} does not speak the dask protocol ({why}): give the address of a "
+                                     f"dask scheduler, as `dask scheduler` prints it (Scheduler at: tcp://...)",
+                                     address)
+
+
+def _check_greeting(address: str, timeout: float) -> None:
+    """Read a ``tcp://`` scheduler's greeting over a plain socket within ``timeout``; else a one-line error.
+
+    A dask server sends its handshake as soon as it accepts a connection:
+    a 64-bit size, then that many bytes that begin with a frame count. A
+    server that sends nothing, or anything else, is not a scheduler that
+    distributed could talk to, and is refused before distributed waits on
+    it without a timeout or decodes its bytes as a frame size.
+    """
+    match = _ADDRESS.match(address)
+    host, port = match["host"].strip("[]"), int(match["port"])  # normalized: it matches
+    deadline = time.monotonic() + timeout
+    try:
+        with _connection(host, port, deadline) as connection:
+            head = _read_exactly(connection, 8, deadline)
+            (size,) = struct.unpack("Q", head)  # distributed's framing: native 64-bit sizes
+            if not 16 <= size <= _GREETING_MAX_BYTES:
+                raise _not_dask(address, f"it answered {head!r}")
+            body = _read_exactly(connection, size, deadline)
+            (frames,) = struct.unpack_from("Q", body)
+            if not 1 <= frames <= _GREETING_MAX_FRAMES or 8 + 8 * frames > size:
+                raise _not_dask(address, f"it answered {(head + body[:8])!r}")
+    except TimeoutError:  # socket.timeout is TimeoutError
+        raise _no_answer(address, timeout, None, "it accepted a connection but sent nothing (is it a dask "
+                                                 "scheduler?)") from None
+    except EOFError:
+        raise _not_dask(address, "it closed the connection without a greeting") from None
+    except OSError as exc:
+        raise _no_answer(address, timeout, exc) from None
+
+
+def _connection(host: str, port: int, deadline: float) -> socket.socket:
+    """A TCP connection, tried again until the deadline, as distributed does (a scheduler may still be starting)."""
+    pause = 0.05
+    while True:
+        try:
+            return socket.create_connection((host, port), timeout=max(0.01, deadline - time.monotonic()))
+        except OSError:
+            if time.monotonic() + pause >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(2 * pause, 1.0)
+
+
+def _read_exactly(connection: socket.socket, count: int, deadline: float) -> bytes:
+    """``count`` bytes, or TimeoutError at the deadline, or EOFError where the peer closed first."""
+    data = b""
+    while len(data) < count:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        connection.settimeout(left)
+        piece = connection.recv(count - len(data))
+        if not piece:
+            raise EOFError
+        data += piece
+    return data
+
+
+def _connect_within(distributed: Any, address: str, wait: float, timeout: float) -> Any:
+    """``distributed.Client(address)`` under a deadline of its own: a handshake that hangs is an error.
+
+    distributed bounds the TCP connection by its timeout but not the
+    handshake after it; the connection therefore runs in a thread of its
+    own, and one still going after the deadline is left to end there (a
+    client it makes after all is closed at once).
+    """
+    outcome: dict[str, Any] = {}
+    abandoned = threading.Event()
+
+    def connect() -> None:
+        try:
+            client = distributed.Client(address, timeout=wait, set_as_default=False)
+        except BaseException as exc:  # handed to the caller below
+            outcome["error"] = exc
+            return
+        outcome["client"] = client
+        if abandoned.is_set():
+            client.close()
+
+    thread = threading.Thread(target=connect, name="crossover-dask-connect", daemon=True)
+    thread.start()
+    thread.join(wait + _DEADLINE_GRACE_SECONDS)
+    if thread.is_alive():
+        abandoned.set()
+        raise _no_answer(address, timeout, None, "it accepted a connection but never completed the dask handshake")
+    error = outcome.get("error")
+    if isinstance(error, (OSError, TimeoutError)):
+        raise _no_answer(address, timeout, error) from None
+    if error is not None:  # a MemoryError or ValueError from decoding what it sent: no dask server
+        raise _not_dask(address, _one_line(error)) from None
+    return outcome["client"]
+
+
+def _refuse_unguarded_main() -> None:
+    """The process pool's error, before any worker starts, where spawned workers would rerun the main script."""
+    import dask  # loaded with distributed by now
+
+    if dask.config.get("distributed.worker.multiprocessing-method", "spawn") == "fork":
+        return  # forked workers do not import the main script
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if path is not None and not pool_main.has_main_guard(path):
+        raise UnguardedMainError(f"the main script {path} has no `if __name__ == \"__main__\":` guard, so every "
+                                 f"worker of the local dask cluster would rerun the whole script: put its top-level "
+                                 f"code under that guard")
 
 
 # Diagnostics for a dashboard the local cluster does not run: each worker's statistical profiler samples its
@@ -282,10 +460,15 @@ def start() -> None:
 
 
 def shutdown() -> None:
-    """Close the client, and the local cluster if this process started one; the next map connects again."""
+    """Close the client and the local cluster this process started; the next map connects again.
+
+    A client the user gave :func:`use_scheduler` is only let go: it is theirs to close.
+    """
     global _client, _cluster, _connected_to
     client, cluster = _client, _cluster
     _client, _cluster, _connected_to = None, None, None
+    if client is not None and client is _users_client:
+        client = None
     for closable in (client, cluster):
         if closable is not None:
             try:
@@ -636,7 +819,8 @@ def _cancel(client: Any, futures: list) -> None:
 
 def _probe() -> Availability:
     if not installed():
-        return Availability(False, "dask.distributed is not installed (pip install 'crossover[distributed]')")
+        return Availability(False, "dask.distributed is not installed "
+                                   "(from a clone of crossover: pip install '.[distributed]')")
     try:
         address = scheduler_address()
         connect_timeout()

@@ -41,7 +41,7 @@ def _no_gpu_driver() -> bool:
 
 def _probe() -> Availability:
     if importlib.util.find_spec("torch") is None:
-        return Availability(False, "torch is not installed (pip install 'crossover[gpu]')")
+        return Availability(False, "torch is not installed (from a clone of crossover: pip install '.[gpu]')")
     if _no_gpu_driver():
         return Availability(False, "torch sees no CUDA or MPS device: no GPU driver on this machine "
                                    f"(none of {', '.join(GPU_DEVICE_NODES)})")

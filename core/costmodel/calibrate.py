@@ -18,10 +18,26 @@ three contenders that run 5-15 ms solves were cut at the same point as
 numpy. An implementation skips a problem that its partial model predicts
 to take longer than the per-sample cap, and skips problems it does not
 support or whose memory does not fit.
+
+What a calibration keeps: it adds to the stored samples and never replaces
+them with fewer (:func:`core.costmodel.store.merge_calibration`): a new
+sample replaces the stored one of the same features, and stored samples at
+problems it did not measure stay, so a short budget cannot undo a long
+calibration. One calibration runs at a time per wisdom file
+(:func:`core.costmodel.store.calibrating`): a second one, in another process
+or thread, logs that it waits for the first, and then runs; measured side by
+side, each would time the other's work.
+
+Progress: :func:`calibrate` shows it by default, on standard error. On a
+terminal it is a transient bar; otherwise (a script's log, a notebook, a
+pipe) one line as each solver starts, a line at most every
+:data:`core.progress.PROGRESS_SECONDS` while it runs, and one line with each
+implementation's samples as it ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import statistics
@@ -31,15 +47,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.backend import safe_describe
-from core.costmodel import history
+from core.costmodel import history, store
 from core.costmodel.design import calibration_design
 from core.costmodel.features import feature_names, model_features
 from core.costmodel.fit import Sample, fit
 from core.costmodel.planner import accepts_planner
 from core.errors import CrossoverError, PluginError
+from core.progress import Progress
 from core.registry import get_registry, get_solver
 from core.running import exclusion, implementations, probe, run_once
 from core.solver import SolverSpec, backend_of
+from core.validation import check_float
 
 log = logging.getLogger("crossover")
 
@@ -66,6 +84,7 @@ class BackendCalibration:
     seconds_spent: float = 0.0
     stopped: str = "design done"
     skipped: int = 0
+    stored_samples: int = 0  # samples the wisdom store holds for it afterwards: these and earlier ones (merged)
     # every warm-up's excess over its timed median: compiles, wherever a problem first needs one
     warm_up_excess: float = 0.0
 
@@ -170,18 +189,36 @@ class _Climb:
 
 def calibrate_solver(spec: SolverSpec, *, quick: bool = True, budget: float | None = None,
                      sample_cap: float | None = None, backends: Iterable[str] | None = None,
-                     progress: bool = False) -> SolverCalibration:
-    """Measure every available implementation of one solver on its design and store the samples."""
+                     progress: bool | None = False) -> SolverCalibration:
+    """Measure every available implementation of one solver on its design and store the samples.
+
+    ``budget`` and ``sample_cap`` are seconds > 0 (default: quick's or full's).
+    The samples are merged into the stored ones (the module's docstring says
+    how), under the calibration lock. ``progress``: False shows nothing,
+    True or None shows it on standard error (a bar on a terminal, else lines).
+    """
     settings = dict(QUICK if quick else FULL)
-    budget = settings["budget"] if budget is None else budget
-    sample_cap = settings["sample_cap"] if sample_cap is None else sample_cap
+    budget = settings["budget"] if budget is None else check_float("budget", budget, minimum=0, strict_minimum=True)
+    sample_cap = settings["sample_cap"] if sample_cap is None else \
+        check_float("sample_cap", sample_cap, minimum=0, strict_minimum=True)
+    with contextlib.ExitStack() as held:
+        if history.current().persist:  # a planner in memory writes no file: no lock to share with others
+            try:
+                held.enter_context(store.calibrating(spec.name, log.warning))
+            except KeyboardInterrupt:  # Ctrl-C while waiting for the other calibration: nothing measured here
+                raise CalibrationInterrupted([]) from None
+        return _calibrate_locked(spec, quick, budget, sample_cap, backends, progress, settings["repeats"])
+
+
+def _calibrate_locked(spec: SolverSpec, quick: bool, budget: float, sample_cap: float,
+                      backends: Iterable[str] | None, progress: bool | None, repeats: int) -> SolverCalibration:
     design = calibration_design(spec, quick)
     names = list(backends) if backends is not None else runnable_implementations(spec)
     report = SolverCalibration(spec.name, problems=len(design))
     began = time.perf_counter()
     climbs = [_Climb(BackendCalibration(name)) for name in names]
     report.backends = [climb.row for climb in climbs]
-    bar, task = _progress(progress, f"calibrating {spec.name}", len(names) * len(design))
+    shown = _Progress.start(progress, spec.name, len(names), len(design), budget)
     interrupted = False
     try:
         for climb in climbs:
@@ -198,8 +235,8 @@ def calibrate_solver(spec: SolverSpec, *, quick: bool = True, budget: float | No
         # of its 25 s and design points, and a compile once spent it all on one design point)
         for problem in design:
             for climb in climbs:
-                if bar is not None:
-                    bar.advance(task)
+                if shown is not None:
+                    shown.advance()
                 if climb.done:
                     continue
                 share = fair_shares(budget, climbs, len(design))[climb.row.backend]
@@ -207,21 +244,48 @@ def calibrate_solver(spec: SolverSpec, *, quick: bool = True, budget: float | No
                     climb.row.stopped, climb.done = f"its share of the {budget:g} s budget spent ({share:.1f} s)", True
                     continue
                 climb.visited += 1
-                _measure_one(spec, problem, climb, sample_cap, settings["repeats"], first_run)
+                _measure_one(spec, problem, climb, sample_cap, repeats, first_run)
     except KeyboardInterrupt:  # Ctrl-C: store what was measured below, then stop
         interrupted = True
     finally:
-        if bar is not None:
-            bar.stop()
+        if shown is not None:
+            shown.stop()
     for climb in climbs:
-        if climb.records:
-            details = safe_describe(get_registry().backends[backend_of(climb.row.backend)])
-            history.record_calibration(spec, climb.row.backend, climb.records, climb.row.one_off_seconds, details)
         climb.row.samples = len(climb.records)
+        climb.row.stored_samples = _store(spec, climb)
     report.seconds = time.perf_counter() - began
+    if shown is not None and not interrupted:
+        shown.done(report)
     if interrupted:
         raise CalibrationInterrupted([(spec.name, c.row.backend, len(c.records)) for c in climbs if c.records])
     return report
+
+
+def _stored_calibration(spec: SolverSpec, implementation: str) -> list[dict[str, Any]]:
+    """The pair's stored calibration samples, read afresh where the planner writes the wisdom file.
+
+    Afresh: another process may have calibrated since this one last read the
+    file, and the merge must keep its samples too. (Calibrations never run in
+    pool workers, the other case where a planner keeps no file.)
+    """
+    planner = history.current()
+    data = store.load() if planner.persist else planner.stored()
+    entry = data["solvers"].get(spec.name)
+    if entry is None or entry.get("version") != spec.version:
+        return []
+    return list(entry["backends"].get(implementation, {}).get("calibration", []))
+
+
+def _store(spec: SolverSpec, climb: _Climb) -> int:
+    """Merge the climb's samples into the stored ones and write them; the number of samples stored after."""
+    key = climb.row.backend
+    stored = _stored_calibration(spec, key)
+    if not climb.records:
+        return len(stored)
+    merged = store.merge_calibration(stored, climb.records)
+    details = safe_describe(get_registry().backends[backend_of(key)])
+    history.record_calibration(spec, key, merged, climb.row.one_off_seconds, details)
+    return len(merged)
 
 
 def fair_shares(budget: float, climbs: list[_Climb], problems: int) -> dict[str, float]:
@@ -287,8 +351,16 @@ def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: floa
 
 @accepts_planner
 def calibrate(solvers: Iterable[str] | None = None, *, quick: bool = True, budget: float | None = None,
-              progress: bool = False) -> list[SolverCalibration]:
-    """Calibrate the named solvers (all registered ones by default) on every available implementation."""
+              progress: bool | None = None) -> list[SolverCalibration]:
+    """Calibrate the named solvers (all registered ones by default) on every available implementation.
+
+    ``budget``: seconds per solver, > 0 (default 25 quick, 600 full).
+    ``progress``: None or True shows it on standard error (a bar on a
+    terminal, else a few plain lines), False shows nothing. The samples are
+    added to the stored ones, never replacing them with fewer.
+    """
+    if budget is not None:
+        budget = check_float("budget", budget, minimum=0, strict_minimum=True)
     names = list(solvers) if solvers is not None else sorted(get_registry().solvers)
     specs = [get_solver(name) for name in names]  # an unknown name is the caller's mistake: before any work
     reports: list[SolverCalibration] = []
@@ -325,14 +397,25 @@ def ensure_calibrated(spec: SolverSpec) -> None:
     calibrate_solver(spec, quick=True)
 
 
-def _progress(enabled: bool, label: str, total: int):
-    if not enabled:
-        return None, None
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+class _Progress(Progress):
+    """A calibration's progress (:class:`core.progress.Progress`), and its closing line."""
 
-    # on stderr, so that tables and --json on stdout stay clean
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                   TimeElapsedColumn(), transient=True, console=Console(stderr=True))
-    bar.start()
-    return bar, bar.add_task(label, total=total)
+    @classmethod
+    def start(cls, enabled: bool | None, solver: str, implementations: int, problems: int,
+              budget: float) -> _Progress | None:
+        if enabled is False:
+            return None
+        shown = cls(f"calibrating {solver}", implementations * problems, "measurements")
+        shown.solver = solver
+        if shown.bar is None:
+            shown.say(f"calibrating {solver}: {implementations} implementation{'s' * (implementations != 1)} on "
+                      f"{problems} designed problems, at most {budget:g} s")
+        return shown
+
+    def done(self, report: SolverCalibration) -> None:
+        if self.bar is not None:
+            return  # the table that follows says it all
+        rows = ", ".join(f"{row.backend} {row.samples}" + (f" (+{row.stored_samples - row.samples} kept)"
+                                                           if row.stored_samples > row.samples else "")
+                         for row in report.backends) or "no implementation runs here"
+        self.say(f"calibrated {self.solver} in {report.seconds:.1f} s; samples: {rows}")

@@ -29,12 +29,16 @@ features are the work similar problems were seen to do
 (:meth:`~core.costmodel.planner.Planner.expected_work`), and the plan shows
 them in ``expected_work``.
 
-**Expected calls learn from the process.** Left unset, ``expected_calls``
-is the number of times this process has already solved this solver (at
-least 1): a one-off cost (JIT, pool start) is charged to a single call, and
-is paid once the calls made so far would have paid for it, as a JIT tiers
-a function up once it has been called often enough. A caller who knows
-better passes ``expected_calls``; the larger of the two counts.
+**Expected calls learn from the process, and from those before it.** Left
+unset, ``expected_calls`` is the median number of calls of this solver
+that recent earlier processes made (stored with the timings;
+:meth:`~core.costmodel.planner.Planner.past_calls`), or 1 before any, and
+never fewer than the calls this process has made so far. So a one-off cost
+(JIT, pool start) is paid at once where scripts habitually call the solver
+many times, and otherwise once the calls made so far would have paid for
+it, as a JIT tiers a function up once it has been called often enough. A
+caller who knows better passes ``expected_calls``; the larger of it and
+the calls made so far counts.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from core.costmodel.calibrate import ensure_calibrated
 from core.costmodel.design import with_size
 from core.costmodel.features import model_features
 from core.costmodel.fit import CostModel
-from core.costmodel.planner import accepts_planner, current, problem_key
+from core.costmodel.planner import accepts_planner, current, numeric_fields, problem_key
 from core.costmodel.race import estimate, relative_error
 from core.errors import AutoSelectionError
 from core.registry import get_registry, get_solver
@@ -82,10 +86,13 @@ def choose(costs: Mapping[str, float], simplicity: Mapping[str, int],
 
 
 def effective_calls(spec: SolverSpec, expected_calls: float | None) -> float:
-    """The calls one-off costs are spread over: the caller's count, or the calls made so far."""
+    """The calls one-off costs are spread over: the caller's count, else what earlier processes made;
+    never fewer than the calls made so far."""
     if expected_calls is not None and not expected_calls > 0:  # also refuses NaN; inf ignores one-offs
         raise AutoSelectionError(f"expected_calls={expected_calls!r} is invalid: must be > 0")
-    return max(float(expected_calls or 1.0), float(current().calls(spec)))
+    planner = current()
+    prior = expected_calls if expected_calls is not None else (planner.past_calls(spec) or 1.0)
+    return max(float(prior), float(planner.calls(spec)))
 
 
 @dataclass
@@ -127,34 +134,51 @@ class _View:
     base: Mapping[str, float]  # the expected work
     predictions: Mapping[str, Prediction]  # the models' alone
     models: Mapping[str, CostModel]
-    excluded: Mapping[str, str]
-    free_memory: Mapping[str, float | None]
+    free_memory: dict[str, float | None]  # each backend's, read once per view
     at: float
+
+
+def recent_free_memory() -> dict[str, float | None]:
+    """Each backend's free memory as read at most :data:`VIEW_SECONDS` ago, filled as backends are asked about.
+
+    For :func:`core.running.exclusion`'s ``free_memory``: each reading
+    opens /proc and cgroup files (7 opens, a sixth of a steady-state
+    solve's overhead on the H200 host when read per call).
+    """
+    planner = current()
+    at, epoch, readings = planner.memory_read
+    if time.monotonic() - at >= VIEW_SECONDS or epoch != planner.epoch:  # as old as a view may be, no older
+        readings = {}
+        planner.memory_read = (time.monotonic(), planner.epoch, readings)
+    return readings
 
 
 def _view(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], only: Sequence[str] | None) -> _View:
     """The models' view of ``problem``, reused while no model changed and the free memory is recent.
 
     Building it reads the free memory, the solver's memory estimates and
-    every model: most of a small solve's overhead when done per call.
+    every model: most of a small solve's overhead when done per call. Its
+    key is the problem's features and numeric fields (the expected work
+    depends on tolerances and caps too); what excludes an implementation
+    can depend on the data themselves (their magnitude, for float32
+    variants), so exclusions are not part of it (:func:`_exclusions`).
     """
     planner = current()
-    key = (spec.name, problem_key(nominal), tuple(only) if only is not None else None, planner.epoch)
+    key = (spec.name, problem_key(nominal), tuple(sorted(numeric_fields(problem).items())),
+           tuple(only) if only is not None else None, planner.epoch)
     cached = planner.views.get(key)
     if cached is not None and time.monotonic() - cached.at < VIEW_SECONDS:
         return cached
     base = planner.expected_work(spec, problem, nominal)
-    free_memory: dict[str, float | None] = {}  # read once per view: each read opens /proc and cgroup files
-    predictions, models, excluded = {}, {}, {}
+    free_memory = recent_free_memory()
+    predictions, models = {}, {}
     for name in implementations(spec):
         if only is not None and name not in only:
             continue
         predictions[name], fitted = _model_prediction(spec, problem, name, base)
         if fitted is not None:
             models[name] = fitted
-        if why := exclusion(spec, problem, name, free_memory):
-            excluded[name] = why
-    view = _View(base, predictions, models, excluded, free_memory, time.monotonic())
+    view = _View(base, predictions, models, free_memory, time.monotonic())
     if len(planner.views) > VIEWS_KEPT:
         planner.views.clear()
     planner.views[key] = view
@@ -191,7 +215,7 @@ def plan(problem: Any, *, solver: str | None = None, expected_calls: float | Non
     for key, model in view.predictions.items():
         one_off = planner.one_off(spec, key, problem)
         prediction = predictions[key] = _with_runs(model, race.warm.get(key, []) if race else [], one_off)
-        why = view.excluded.get(key, "")
+        why = exclusion(spec, problem, key, view.free_memory)
         if not why and prediction.seconds is None:
             why = "uncalibrated on this machine (run `crossover calibrate`)"
         if why:

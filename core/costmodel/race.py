@@ -28,14 +28,17 @@ The rule, pinned by ``tests/test_online_loop.py`` and stated in
    estimate is their precision-weighted mean, and its band is plus or
    minus ``OVERLAP`` of its own standard error. A sample over
    :data:`OUTLIER_RATIO` times the median of the others is set aside, and
-   so is a lone sample that far beyond its model's band, until a second
-   run confirms it; runs that agree with each other that far from the
-   model replace it. One noisy run moves a well-calibrated model's
+   so is a lone sample above its model's band, until a second run
+   confirms it; runs that agree with each other :data:`OUTLIER_RATIO`
+   beyond the model's band replace it. One noisy run moves a well-calibrated model's
    estimate a little; consistent runs take over.
 3. **The leader** is the plan's pick until something has run warm here,
    then the lowest estimate (the plan's pick within :data:`MIN_SPREAD` of
-   it). Each call that runs it adds a sample, so a leader that drifts up
-   hands the lead to the next estimate, which then runs and is re-checked.
+   it); but a contender known only by its model takes the lead from the
+   incumbent (what the last call that did not explore ran) only when the
+   incumbent's estimate lies above that model's whole band. Each call
+   that runs the leader adds a sample, so a leader that drifts up hands
+   the lead to the next estimate, which then runs and is re-checked.
 4. **Dropped when the data say so.** A contender whose band lies wholly
    above the leader's is out.
 5. **Exploring is charged to the calls left.** A contender with fewer
@@ -66,9 +69,14 @@ MODEL_FLOOR = 0.15  # a model's error as a prior never below 15 %
 OUTLIER_RATIO = 3.0  # a warm sample this many times the others' median is set aside (as the fit's outliers)
 OVERLAP = 2.0  # a band: this many standard errors either side
 EXPLORE_AT_MOST = 3  # calls per problem that may run a contender other than the leader
-SHORT_RUN = 0.002  # a sample of a shorter run repeats it until the repeats add up to this (see short_run_sample)
+# A sample of a shorter run repeats it until the repeats add up to this (see short_run_sample): long enough
+# that the clock path (perf_counter and run_once's Python, a few microseconds) is under a tenth of it, and
+# short enough that the repeats add less than a third of core.solve's own steady-state overhead (~0.1 ms on
+# the VM) to a call: at 2 ms the repeats made a 25-microsecond linreg loop 49x its best implementation's.
+SHORT_RUN = 3e-5
 SHORT_RUN_REPEATS = 25
 EXPLORE_HORIZON = 10  # calls after a trial over which its expected gain is counted (a longer loop re-checks anyway)
+PAYBACK_FLOOR = 3  # ... and never more calls than the problem has run so far, nor fewer than this
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,7 @@ class Race:
     cold: dict[str, list[float]] = field(default_factory=dict)
     calls: int = 0
     explored: int = 0
+    leader: str | None = None  # what the last call that did not explore ran: the incumbent
 
     def add(self, implementation: str, seconds: float, cold: bool) -> None:
         kept = (self.cold if cold else self.warm).setdefault(implementation, [])
@@ -133,12 +142,20 @@ def outlier_reach(error: float) -> float:
     return OUTLIER_RATIO * math.exp(OVERLAP * max(MODEL_FLOOR, error))
 
 
+def lone_reach(error: float) -> float:
+    """How far over its model's prediction a lone run may lie and still count: the top of the model's band."""
+    return math.exp(OVERLAP * max(MODEL_FLOOR, error))
+
+
 def estimate(model: tuple[float, float] | None, samples: list[float]) -> Band:
     """The precision-weighted mean, in log time, of a model's (cost, error) and warm samples."""
     weights, terms = 0.0, 0.0
     positive = without_slow_outliers([s for s in samples if s > 0])
-    if model is not None and len(positive) == 1 and positive[0] > model[0] * outlier_reach(model[1]):
-        positive = []  # a lone first run far over its model: run it again before trusting it
+    if model is not None and len(positive) == 1 and positive[0] > model[0] * lone_reach(model[1]):
+        # a lone run above its model's band: run it again before trusting it. A second call that
+        # replayed a CUDA graph for the first time, or met a busy spell, took 2-4x: trusted at once, it
+        # moved the loop off the fastest implementation on its third call (linreg, FP on the H200 host)
+        positive = []
     if model is not None and len(positive) >= 2 and not (
             model[0] / outlier_reach(model[1]) <= statistics.median(positive) <= model[0] * outlier_reach(model[1])):
         model = None  # runs that agree with each other and not with the model: the model missed here
@@ -200,10 +217,22 @@ def expected_gain(candidate: Band, leader: Band) -> float:
     return leader.centre * _phi(d) - candidate.centre * math.exp(sigma**2 / 2) * _phi(d - sigma)
 
 
-def worth_trying(candidate: Band, leader: Band, calls_left: float) -> bool:
-    """Whether one call on ``candidate`` is expected to pay: its expected gain over the calls after it
-    (at most :data:`EXPLORE_HORIZON`) against what the call costs over the leader's."""
-    horizon = min(calls_left - 1, EXPLORE_HORIZON)
+def payback_calls(calls_left: float, calls_run: int) -> float:
+    """The calls after a trial over which it must pay for itself.
+
+    At most :data:`EXPLORE_HORIZON`, at most the calls still expected, and
+    at most as many as the problem has run so far (but :data:`PAYBACK_FLOOR`
+    at least): a loop of three calls cannot recover a trial priced over ten,
+    while one that has run a hundred calls will likely run ten more. With
+    trials on calls 2, 4, 8, ... this is the doubling trick of online
+    learning: each trial risks no more than the calls already run.
+    """
+    return min(calls_left - 1, EXPLORE_HORIZON, max(PAYBACK_FLOOR, calls_run))
+
+
+def worth_trying(candidate: Band, leader: Band, horizon: float) -> bool:
+    """Whether one call on ``candidate`` is expected to pay: its expected gain over ``horizon`` calls after it
+    (:func:`payback_calls`) against what the call costs over the leader's."""
     return horizon > 0 and expected_gain(candidate, leader) * horizon > max(0.0, candidate.centre - leader.centre)
 
 
@@ -231,10 +260,19 @@ def next_step(estimated: Mapping[str, Band], race: Race, first: str, calls_left:
     leader = min(finite, key=lambda key: finite[key].centre)
     if first in finite and finite[first].centre <= finite[leader].centre * (1 + MIN_SPREAD):
         leader = first  # within the clock's jitter, the plan's pick (the simpler) keeps the lead
+    incumbent = race.leader if race.leader in finite else first
+    if incumbent in finite and leader != incumbent and finite[leader].samples == 0 \
+            and finite[leader].high >= finite[incumbent].centre:
+        # a contender known only by its model takes the lead only when the incumbent's estimate lies
+        # above its model's whole band: the incumbent's runs carry the loop's own conditions (its
+        # wall-clock path, a busy spell) that the calibrated models do not, and one such run made the
+        # H200 host's FP and random-walk loops leave the fastest implementation on their third call
+        leader = incumbent
     top = finite[leader]
     dropped = tuple(sorted(key for key in finite if finite[key].low > top.high))
+    horizon = payback_calls(calls_left, race.calls)
     worth = sorted((key for key in finite if key != leader and key not in dropped
-                    and finite[key].samples < top.samples and worth_trying(finite[key], top, calls_left)),
+                    and finite[key].samples < top.samples and worth_trying(finite[key], top, horizon)),
                    key=lambda key: -expected_gain(finite[key], top))
     contested = any(finite[key].low < top.centre for key in finite if key != leader and key not in dropped)
     if worth and race.explored < EXPLORE_AT_MOST and exploring_call(race.calls + 1):

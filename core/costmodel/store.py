@@ -18,6 +18,20 @@
   exclusive lock, and every write re-reads the file first, so two processes
   calibrating at once both keep their samples. Temporary files carry their
   writer's pid; the next reader or writer removes those a dead writer left.
+- One calibration at a time: :func:`calibrating` holds a second lock file
+  (``wisdom.json.calibrating``) for a whole calibration, so a second one,
+  in another process or thread, says that it waits and waits, rather than
+  measuring on cores the first one is timing on and racing it to the file.
+- A calibration adds to the stored samples, never replaces them with fewer:
+  :func:`merge_calibration` is the rule.
+- Configurations side by side: a backend whose configuration is chosen per
+  command (``dask``: the scheduler, through ``--scheduler``) keeps the timings
+  of its last :data:`MAX_CONFIGURATIONS` configurations under
+  ``"configurations"``. A change of configuration puts the current timings
+  there and takes back those of the new configuration if it was measured
+  before, so toggling ``--scheduler local`` neither loses a calibration nor
+  measures again. Other backends' configurations change rarely (a new numba,
+  another thread count), and their old timings are set aside as below.
 - JSON only: a cache must never be able to execute code when read.
 """
 
@@ -35,6 +49,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -57,6 +72,13 @@ STALE_TEMP_SECONDS = 600.0  # a temporary file this old is abandoned even if its
 LOCK_TIMEOUT = 30.0  # a lock held longer than this belongs to a hung process: go on without the file
 MAX_LISTED = 3  # faults named in one warning line
 SET_ASIDE = "set_aside"  # an implementation entry holding only this key: its timings were set aside, measure again
+CONFIGURATIONS = "configurations"  # the document's key for the timings of other configurations, per backend
+SIDE_BY_SIDE = frozenset({"dask"})  # backends whose configuration is a per-command choice: kept per configuration
+MAX_CONFIGURATIONS = 4  # other configurations kept per backend; the one left longest ago goes first
+# samples one implementation's calibration keeps: every designed problem of a full calibration (at most 48) and a
+# quick one (at most 32) measured twice over, with room; beyond it, the oldest stored samples go first
+MAX_CALIBRATION_SAMPLES = 160
+CALIBRATION_LOCK_SUFFIX = ".calibrating"
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _OPEN_FLAGS = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -195,7 +217,7 @@ def _generic_print() -> dict[str, Any]:
 def _host_text() -> str:
     return json.dumps({"cpu": cpu_model(), "cores": os.cpu_count(), "usable_cores": usable_cores(),
                        "machine": platform.machine(), "python": platform.python_version(),
-                       "crossover": _version("crossover")})
+                       "crossover": _version("crossover-solvers")})  # the key stays: stored fingerprints use it
 
 
 @cache
@@ -218,7 +240,8 @@ def backend_fingerprint(backend: str) -> dict[str, Any]:
 def fingerprint() -> dict[str, Any]:
     """The host and the versions, for people (tables, reports); the keys are the two parts above."""
     return {**host_fingerprint(), "gpus": list(gpu_names()),
-            "versions": {dist: _version(dist) for dist in ("crossover", "numpy", "numba", "torch")}}
+            "versions": {"crossover": _version("crossover-solvers"),
+                         **{dist: _version(dist) for dist in ("numpy", "numba", "torch")}}}
 
 
 def empty() -> dict[str, Any]:
@@ -446,6 +469,38 @@ def _clean_backend(name: str, section: Any, dropped: list[str]) -> bool:
     return True
 
 
+def _clean_configuration(backend: str, item: Any, dropped: list[str]) -> bool:
+    """One kept configuration of ``backend``: its fingerprint, backend section and solver entries."""
+    where = f"{CONFIGURATIONS}[{backend!r}]"
+    if not isinstance(item, dict) or not all(isinstance(item.get(key), dict)
+                                             for key in ("fingerprint", "backend", "solvers")):
+        dropped.append(f"{where} entry (not a fingerprint with a backend and solvers)")
+        return False
+    if _observed_fault(item["backend"], "start"):
+        dropped.append(f"{where} start cost ({_observed_fault(item['backend'], 'start')})")
+        item["backend"] = {}
+    for name, entry in list(item["solvers"].items()):
+        if not _clean_solver(name, entry, dropped):
+            del item["solvers"][name]
+    return True
+
+
+def _clean_configurations(data: dict[str, Any], dropped: list[str]) -> None:
+    shelf = data.get(CONFIGURATIONS)
+    if shelf is None:
+        return
+    if not isinstance(shelf, dict):
+        dropped.append(f"{CONFIGURATIONS!r} (not a mapping)")
+        del data[CONFIGURATIONS]
+        return
+    for backend, kept in list(shelf.items()):
+        if not isinstance(kept, list):
+            dropped.append(f"{CONFIGURATIONS}[{backend!r}] (not a list)")
+            del shelf[backend]
+            continue
+        shelf[backend] = [item for item in kept if _clean_configuration(backend, item, dropped)]
+
+
 def _clean(data: dict[str, Any], path: Path) -> None:
     """Keep every well-formed entry and drop the others, naming them in one warning."""
     dropped: list[str] = []
@@ -456,6 +511,7 @@ def _clean(data: dict[str, Any], path: Path) -> None:
         for name, value in list(data[key].items()):
             if not check(name, value, dropped):
                 del data[key][name]
+    _clean_configurations(data, dropped)
     # timings of a backend without a fingerprint cannot be checked against this machine
     unchecked = _implementations(data, lambda backend: backend not in data["backends"])
     for solver, implementation in unchecked:
@@ -477,17 +533,70 @@ def _has_timings(data: dict[str, Any], backend: str) -> bool:
     return "start_seconds" in data["backends"][backend] or any(set(slot) != {SET_ASIDE} for slot in slots)
 
 
+def _shelve(data: dict[str, Any], backend: str) -> dict[str, Any] | None:
+    """The file's timings of ``backend`` under its stored fingerprint, as one kept configuration (None: none)."""
+    section = data["backends"][backend]
+    solvers: dict[str, Any] = {}
+    for solver, implementation in _implementations(data, backend.__eq__):
+        entry = data["solvers"][solver]
+        slot = entry["backends"][implementation]
+        if set(slot) != {SET_ASIDE}:  # a marker holds no timings
+            solvers.setdefault(solver, {"version": entry["version"], "backends": {}})["backends"][implementation] = slot
+    timed = {key: value for key, value in section.items() if key != "fingerprint"}
+    if not solvers and "start_seconds" not in timed:
+        return None
+    return {"fingerprint": section["fingerprint"], "backend": timed, "solvers": solvers}
+
+
+def _restore(data: dict[str, Any], backend: str, kept: dict[str, Any]) -> None:
+    """Make a kept configuration of ``backend`` the current one (solver entries of another version are skipped)."""
+    for solver, implementation in _implementations(data, backend.__eq__):
+        del data["solvers"][solver]["backends"][implementation]
+    for solver, shelved in kept["solvers"].items():
+        entry = data["solvers"].setdefault(solver, {"version": shelved["version"], "backends": {}})
+        if entry["version"] == shelved["version"]:
+            entry["backends"].update(shelved["backends"])
+    data["backends"][backend] = {**kept["backend"], "fingerprint": kept["fingerprint"]}
+
+
+def _swap_configurations(data: dict[str, Any], stale: set[str]) -> set[str]:
+    """Keep the stale timings of side-by-side backends, and take back those of this configuration; return those.
+
+    The kept configurations of a backend are most recent first; the list is
+    cut at :data:`MAX_CONFIGURATIONS`.
+    """
+    restored: set[str] = set()
+    for backend in sorted(stale & SIDE_BY_SIDE):
+        shelf = data.setdefault(CONFIGURATIONS, {})
+        now = backend_fingerprint(backend)
+        current = _shelve(data, backend)
+        kept = shelf.get(backend, [])
+        match = next((item for item in kept if item["fingerprint"] == now), None)
+        replaced = None if current is None else current["fingerprint"]
+        kept = [item for item in kept if item is not match and item["fingerprint"] != replaced]
+        shelf[backend] = ([current] if current is not None else []) + kept
+        del shelf[backend][MAX_CONFIGURATIONS:]
+        if match is not None:
+            _restore(data, backend, match)
+            restored.add(backend)
+    return restored
+
+
 def _drop_stale_backends(data: dict[str, Any], path: Path) -> set[str]:
     """Set aside the timings of each backend whose fingerprint changed, naming the fields; return those backends.
 
     Each implementation entry of such a backend is replaced by a marker saying why, so that the next
     auto-selection, in this process or a later one, knows to measure it again (an empty entry would
-    look like one never calibrated).
+    look like one never calibrated). A side-by-side backend's timings are kept as another configuration
+    instead (nothing lost: no warning), and those of this configuration, when it was measured before,
+    come back (:func:`_swap_configurations`).
     """
     changes = {name: _changes(section["fingerprint"], backend_fingerprint(name))
                for name, section in data["backends"].items()}
     stale = {name for name, change in changes.items() if change}
-    lost = sorted(name for name in stale if _has_timings(data, name))  # only markers: nothing to warn about
+    stale -= _swap_configurations(data, stale)
+    # only markers, or timings kept as another configuration: nothing to warn about
+    lost = sorted(name for name in stale - SIDE_BY_SIDE if _has_timings(data, name))
     for solver, implementation in _implementations(data, stale.__contains__):
         slot = data["solvers"][solver]["backends"][implementation]
         reason = slot.get(SET_ASIDE) if set(slot) == {SET_ASIDE} else changes[_backend_of(implementation)]
@@ -756,3 +865,113 @@ def solver_entry(data: dict[str, Any], solver: str, solver_version: str) -> dict
         entry = {"version": solver_version, "backends": {}}
         data["solvers"][solver] = entry
     return entry
+
+
+# -- calibrations: what they keep, and one at a time --------------------------------
+
+def _feature_key(record: dict[str, Any]) -> tuple:
+    return tuple(sorted(record["features"].items()))
+
+
+def merge_calibration(stored: list[dict[str, Any]], measured: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The samples an implementation keeps after a calibration measured ``measured``: never fewer than it had.
+
+    The rule: a calibration adds to what is stored. A new sample replaces a
+    stored one of the same features (the same work, timed again: the newer
+    timing wins); stored samples at features the calibration did not measure
+    stay (a ``--budget 1`` run that measured one problem leaves the other 14
+    of an earlier run in place). Stored samples with other feature names are
+    dropped: the solver now declares other features and they cannot be
+    compared. Beyond :data:`MAX_CALIBRATION_SAMPLES` the oldest stored
+    samples go first; the new ones are always kept. To start afresh, delete
+    the wisdom file.
+    """
+    if not measured:
+        return list(stored)
+    names = set(measured[0]["features"])
+    remeasured = {_feature_key(record) for record in measured}
+    kept = [record for record in stored
+            if set(record["features"]) == names and _feature_key(record) not in remeasured]
+    room = max(0, MAX_CALIBRATION_SAMPLES - len(measured))
+    return (kept[len(kept) - room:] if room else []) + list(measured)
+
+
+_held = threading.local()  # how deep this thread is in calibrations: a nested one must not wait for itself
+
+
+def _calibration_lock_path(path: Path) -> Path:
+    return path.with_name(path.name + CALIBRATION_LOCK_SUFFIX)
+
+
+def _open_calibration_lock(path: Path) -> int | None:
+    """The calibration lock file, opened for writing its holder's name; None where it cannot be (no lock then).
+
+    Made only where the store itself can write: a location the store will
+    find unusable (its own lock a directory, the cache directory a file) is
+    left untouched, and the store says why at its first write.
+    """
+    lock = _calibration_lock_path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # where the calibration's samples go anyway
+        probe = _open_lock(path)
+    except (OSError, _Unusable):
+        return None
+    if probe is None or _is_symlink(lock):
+        return None
+    os.close(probe)
+    try:
+        descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        return None
+    return descriptor
+
+
+def _holder(descriptor: int) -> str:
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        return os.pread(descriptor, 200, 0).decode("utf-8").strip() or "another process"
+    return "another process"
+
+
+@contextlib.contextmanager
+def calibrating(what: str, waiting: Callable[[str], None]) -> Iterator[None]:
+    """Hold the calibration lock while calibrating ``what``; if another calibration holds it, say so and wait.
+
+    ``waiting`` gets one line naming the other calibration (its pid and what
+    it calibrates) before the wait. The lock is ``fcntl.flock`` on
+    ``wisdom.json.calibrating``: the system releases it when its holder ends,
+    however it ends, so a killed calibration never blocks the next. Ctrl-C
+    stops the wait. Where the store cannot lock (no ``fcntl``, a location
+    that cannot be used), calibrations go on unlocked: writes still merge.
+    """
+    load()  # first: a location found unusable now is left untouched, with no lock file made in it
+    state = _current()
+    depth = getattr(_held, "depth", 0)
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        fcntl = None
+    descriptor = None if (depth or state.in_memory or fcntl is None) else _open_calibration_lock(state.path)
+    try:
+        if descriptor is not None:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                waiting(f"another calibration is running ({_holder(descriptor)}); waiting for it to finish before "
+                        f"calibrating {what}, so that neither one times the other's work (Ctrl-C to stop)")
+                fcntl.flock(descriptor, fcntl.LOCK_EX)
+            except OSError:  # a file system without locks
+                os.close(descriptor)
+                descriptor = None
+        if descriptor is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(descriptor, 0)
+                os.pwrite(descriptor, f"pid {os.getpid()}: {what}".encode(), 0)
+        _held.depth = depth + 1
+        yield
+    finally:
+        _held.depth = depth
+        if descriptor is not None:
+            os.close(descriptor)  # closing releases the lock

@@ -6,7 +6,8 @@ SOLVER --json`` on seeded random held-out problems of its size space (the
 real loop of ``core.solve``, then warm timings). Writes the calibration
 table, the evaluation's JSON and a summary per solver to ``--out``
 (default: stdout only): the final call's median and maximum regret, the
-worst loop total over ``calls`` times the best, the models' pick's regret,
+loop total over that of as many calls naming the best implementation
+(median and worst), the models' pick's regret,
 and the share of problems predicted within a factor of 2.
 
     python docs/scripts/evaluate_all.py [SOLVER ...] [--out DIR] [--count 12] [--seed 2024] [--calls 3]
@@ -65,8 +66,9 @@ def main() -> int:
         failed += calibration.returncode != 0 or evaluation.returncode != 0
         try:
             found = json.loads(evaluation.stdout)
-            result = {key: found[key] for key in ("median_final_regret", "max_final_regret", "max_loop_ratio",
-                                                  "median_regret", "max_regret", "predictions_within_2x")}
+            result = {key: found[key] for key in ("median_final_regret", "max_final_regret", "median_loop_ratio",
+                                                  "max_loop_ratio", "median_regret", "max_regret",
+                                                  "predictions_within_2x")}
         except (ValueError, KeyError):
             result = {"failed": evaluation.stdout[-500:]}
         summary.append({"solver": name, "calibrate_seconds": round(calibrate_seconds, 1),

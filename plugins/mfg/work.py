@@ -59,6 +59,14 @@ def expected_bandwidth(problem: MFGModel) -> float:
     """
     if not isinstance(problem.bandwidth, str):
         return float(problem.bandwidth)
+    cached = problem.__dict__.get("_expected_bandwidth")
+    if cached is None:  # once per problem: each plan asks for it once per implementation (0.2 ms a solve at Nx=31)
+        cached = _spread_bandwidth(problem)
+        object.__setattr__(problem, "_expected_bandwidth", cached)
+    return cached
+
+
+def _spread_bandwidth(problem: MFGModel) -> float:
     mass = problem.m0 * problem.weights()
     mean = float(np.sum(problem.x * mass))
     variance0 = float(np.sum((problem.x - mean) ** 2 * mass))

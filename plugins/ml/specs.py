@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.backend import last_level_cache_bytes
 from core.backends.numba_threads import pool_size
 from core.solver import SizeSpace, SolverSpec, lazy
 from plugins.ml.dotgat.problem import DotGATProblem
@@ -19,15 +20,26 @@ from plugins.ml.linreg_problem import NUMBA_BLOCK, LinRegProblem
 
 
 def linreg_features(problem: LinRegProblem) -> dict[str, float]:
-    """``sample_epochs``: the passes' work; ``epochs``: per-epoch overhead (launches, a fork-join);
-    ``samples``: per-solve work on the data (the float32 copy and upload of the torch variants);
+    """``sample_epochs``: the passes' work, samples x features x epochs (a pass reads and multiplies each
+    sample's d features); ``epochs``: per-epoch overhead (launches, a fork-join); ``samples``: per-solve
+    work on the data, samples x features (the float32 copy and upload of the torch variants);
     ``span_sample_epochs``: the busiest thread's share of the numba:threads pass (whole blocks of
     NUMBA_BLOCK samples, at most one thread per block), which a 1-block problem runs on one thread and a
-    large one on every core: not a multiple of ``sample_epochs``, so the models need it apart."""
+    large one on every core: not a multiple of ``sample_epochs``, so the models need it apart.
+    ``spilled_samples`` (and ``spilled_sample_epochs``, once a pass): the values a pass reads beyond the
+    host's last-level cache, which come from memory at its bandwidth: a pass over 123 MB ran 3x slower per
+    value than the in-cache passes the VM's models were fitted on, so without them predictions past the
+    cache were 3x low (``ml.linreg_moments``).
+    One feature (the default) gives the values of old, so timings stored before features existed still hold."""
     blocks = -(-problem.n_samples // NUMBA_BLOCK)
     busiest = min(problem.n_samples, -(-blocks // pool_size()) * NUMBA_BLOCK)
-    return {"sample_epochs": float(problem.n_samples) * problem.n_epochs, "epochs": float(problem.n_epochs),
-            "samples": float(problem.n_samples), "span_sample_epochs": float(busiest) * problem.n_epochs}
+    width = float(problem.n_features)
+    values = float(problem.n_samples) * (width + 1)  # X and y, float64, read by every pass
+    spilled = max(0.0, values - last_level_cache_bytes() / 8)
+    return {"sample_epochs": float(problem.n_samples) * width * problem.n_epochs, "epochs": float(problem.n_epochs),
+            "samples": float(problem.n_samples) * width,
+            "span_sample_epochs": float(busiest) * width * problem.n_epochs,
+            "spilled_samples": spilled, "spilled_sample_epochs": spilled * problem.n_epochs}
 
 
 def linreg_space(quick: bool) -> SizeSpace:
@@ -35,23 +47,26 @@ def linreg_space(quick: bool) -> SizeSpace:
     # between 0.5M and 2M, and a model fitted below 0.5M put torch:eager ahead of the graph at 2M (2.3x
     # slower there, H200); fitted up to 2M, the graph was still picked at 8M, where 16 numba threads were
     # 25-28 % faster (three H200 runs). The numpy reference skips the design's points past the sample cap.
+    # n_features: one in the quick space (the problems, and so the timings, of old); the full space moves it,
+    # so that `crossover evaluate` at full size also judges the choice on several features
     if quick:
-        return SizeSpace(ranges={"n_samples": (1_000, 8_000_000), "n_epochs": (5, 100)})
-    return SizeSpace(ranges={"n_samples": (1_000, 32_000_000), "n_epochs": (5, 400)})
+        return SizeSpace(ranges={"n_samples": (1_000, 8_000_000), "n_epochs": (5, 100)}, fixed={"n_features": 1})
+    return SizeSpace(ranges={"n_samples": (1_000, 32_000_000), "n_epochs": (5, 400), "n_features": (1, 8)})
 
 
 def linreg_memory(problem: LinRegProblem, implementation: str) -> float:
-    n = float(problem.n_samples)
+    n, d = float(problem.n_samples), float(problem.n_features)
     if implementation == "numpy":
-        return 8.0 * n * 5  # x, y and three float64 temporaries of an epoch
+        return 8.0 * n * (d + 4)  # X, y and three float64 temporaries of an epoch
     if implementation.startswith("numba"):
-        return 8.0 * n * 2
+        return 8.0 * n * (d + 1) + (8.0 * n if d > 1 or problem.weighted else 0.0)  # and the weights
     if implementation == "torch:eager":
-        return 4.0 * n * 2 + 8.0 * n * 6  # float32 data, float64 temporaries of the op-by-op epoch
-    return 4.0 * n * 2 + 8.0 * n * 2  # fused: the data, and the upload's staging
+        return 4.0 * n * (d + 2) + 8.0 * n * (2 * d + 5)  # float32 data, float64 temporaries of the epoch
+    return 4.0 * n * (d + 2) + 8.0 * n * (d + 1)  # fused: the data, and the upload's staging
 
 
 def linreg_supports(problem: LinRegProblem, implementation: str) -> str:
+    """The torch variants store the data in float32 and need CUDA; the graph variant fits one unweighted feature."""
     if implementation.startswith("torch:"):
         from plugins.ml.linreg_torch import unsupported
 
@@ -66,7 +81,11 @@ def linreg_compile_key(problem: LinRegProblem, implementation: str):
 
 def linreg_summary(problem: LinRegProblem, outputs) -> str:
     losses = np.asarray(outputs["loss_curve"])
-    return (f"{problem.n_samples:,} samples x {problem.n_epochs} epochs: w={float(outputs['coef']):.6f}, "
+    coef = np.atleast_1d(np.asarray(outputs["coef"], dtype=np.float64))
+    shown = ", ".join(f"{c:.4g}" for c in coef[:4]) + (", ..." if coef.size > 4 else "")
+    w = f"w={coef[0]:.6f}" if coef.size == 1 else f"w=[{shown}]"
+    features = "" if problem.n_features == 1 else f" x {problem.n_features} features"
+    return (f"{problem.n_samples:,} samples{features} x {problem.n_epochs} epochs: {w}, "
             f"b={float(outputs['intercept']):.6f}, MSE {losses[0]:.4g} -> {losses[-1]:.4g}")
 
 
@@ -90,7 +109,8 @@ LINREG = SolverSpec(
     default_problem=LinRegProblem,
     summarize=linreg_summary,
     description="linear regression by full-batch gradient descent on the MSE (one pass per epoch)",
-    version="4",  # 3: the span feature, the Triton graph epoch, the quick space to 2M; 4: to 8M (older lack them)
+    version="5",  # 3: the span feature, the Triton graph epoch, the quick space to 2M; 4: to 8M; 5: the spilled
+    # features (older timings lack them)
 )
 
 
@@ -101,10 +121,12 @@ LINREG_MOMENTS = SolverSpec(
     features=linreg_features,
     size_axis="n_samples",
     space=linreg_space,
-    memory=lambda problem, implementation: 8.0 * problem.n_samples * 2,
+    # X and y, and the weighted copy of X
+    memory=lambda problem, implementation: 8.0 * problem.n_samples * (2 * problem.n_features + 1),
     default_problem=LinRegProblem,
     summarize=linreg_summary,
     description="the same descent from five sums of one pass (the sufficient-statistics shortcut, O(1) an epoch)",
+    version="2",  # 2: the spilled features
 )
 
 # -- ml.dotgat ---------------------------------------------------------------------------
@@ -151,12 +173,17 @@ def dotgat_space(quick: bool) -> SizeSpace:
 
 
 def dotgat_memory(problem: DotGATProblem, implementation: str) -> float:
-    """Parameters with gradients and AdamW's two moments, the saved activations, the attention scores, the data."""
+    """Parameters with gradients and AdamW's two moments, the saved activations, the attention scores, the data
+    (and what making it takes), and the step schedule."""
     sequences = problem.batch * problem.T * problem.A
     activations = 4.0 * sequences * problem.H * (2 + 16 * problem.message_steps)
     scores = 4.0 * problem.batch * problem.heads * problem.A * problem.T * (problem.T + problem.A) * 3
     data = 4.0 * (problem.n_train + problem.n_val) * problem.T * (problem.M + problem.A * problem.y_dim)
-    return 16.0 * problem.parameters() + activations + problem.message_steps * scores + data
+    # making the data: the GP's T x T kernel and its root, and the larger split's float64 draws
+    making = 16.0 * problem.T ** 2 + 8.0 * max(problem.n_train, problem.n_val) * problem.T * (
+        problem.rank + 2 * problem.M + problem.A * problem.y_dim)
+    schedule = 8.0 * problem.n_steps * problem.batch + 4.0 * problem.n_steps  # every step's picks; the losses
+    return 16.0 * problem.parameters() + activations + problem.message_steps * scores + data + making + schedule
 
 
 def dotgat_supports(problem: DotGATProblem, implementation: str) -> str:

@@ -13,8 +13,32 @@ numpy, numba and torch backends run the same algorithm on their own arrays:
    out of the batch, so the work shrinks as they finish.
 3. :func:`reference_fit`: the numpy reference, ``scipy.optimize.least_squares``
    one spectrum at a time on the same model and starting point.
-4. :func:`finish`: errors from the inverse of the projected Fisher matrix at
+4. :func:`fit_clipped`: iterative outlier clipping around 2 or 3 (below);
+5. :func:`finish`: errors from the inverse of the projected Fisher matrix at
    the optimum, flags, and the output table's columns.
+
+Convergence (:func:`converged_below`): a spectrum has converged when an
+accepted step lowers chi-square, or the next step is predicted to, by at
+most ``tol * (chi2 + dof)``: relative, plus an absolute part in units of the
+noise, so near noise-free fits (chi-square tending to 0) converge too.
+``ITERATIONS`` counts trial steps (one model evaluation each, accepted or
+not) on every backend, summed over the clipping rounds.
+
+Outlier clipping: after a fit, every usable pixel's normalised residual
+``r = sqrt(ivar) (flux - model)`` is compared with ``CLIP_SIGMA`` (5) times
+``max(s, 1)``, where ``s = 1.4826 median|r|`` is the spectrum's robust noise
+level in units of its stated noise. Pixels beyond it get weight 0 and the
+spectrum is refitted from its optimum; each round judges every usable pixel
+afresh (a pixel clipped while a gross outlier distorted the fit comes back),
+at most ``CLIP_ROUNDS`` (4) refits, stopping when the clipped set no longer
+changes. 5 sigma: a Gaussian pixel exceeds it with probability 5.7e-7, so a
+7,958-pixel spectrum loses a good pixel about once in 200 spectra. ``NCLIP``
+reports the clipped pixels; ``NPIX`` and the degrees of freedom exclude them.
+
+Flags: BAD_FIT when the reduced chi-square exceeds :func:`bad_fit_limit`
+(the chi-square law's 1e-6 quantile for the degrees of freedom, at least 2);
+NOT_FINITE when the normal equations overflowed (that spectrum stops where
+it is; the rest of the batch is untouched). Both are failures.
 """
 
 from __future__ import annotations
@@ -35,8 +59,14 @@ MISSING_ARM = 2  # an arm had no usable pixel; the others were fitted
 NOT_CONVERGED = 4  # the iteration limit came first
 AT_BOUND = 8  # a parameter ended on its bound (the grid's edge, |v| = 1000 km/s)
 UNCONSTRAINED = 16  # the velocity error is not finite or above 100 km/s: the data cannot say
-FAILURE = NO_DATA | NOT_CONVERGED | UNCONSTRAINED
+BAD_FIT = 32  # chi-square far beyond the noise: see bad_fit_limit
+NOT_FINITE = 64  # the fit's arithmetic overflowed (flux ~1e18 with ordinary ivar on float32): not fitted
+FAILURE = NO_DATA | NOT_CONVERGED | UNCONSTRAINED | BAD_FIT | NOT_FINITE
 MIN_PIXELS = 50
+BAD_FIT_FALSE_ALARM = 1e-6  # the chance that an exact model's chi-square exceeds the BAD_FIT limit
+BAD_FIT_RCHISQ = 2.0  # the tolerated model mismatch: residuals up to as large again as the noise
+CLIP_SIGMA = 5.0  # outlier clipping threshold, in robust standard deviations (see outliers)
+CLIP_ROUNDS = 4  # refits after clipping, at most
 START_VSINI = 15.0  # km/s: above the kernel's one-pixel width, so the vsini gradient is not zero at the start
 CCF_SMOOTH = 50  # half-width, in data pixels, of the running mean that flattens a spectrum for the CCF
 TEMPLATE_SMOOTH = 150  # the same for templates, in template pixels (~1800 km/s)
@@ -191,17 +221,26 @@ def ccf_start(prep: Prepared, flux: Any, weight: Any, design: CCFDesign | None =
 # -- the batched Levenberg-Marquardt --------------------------------------------------------
 
 
-def lm_batch(prep: Prepared, flux: Any, weight: Any, p0: Any, max_iter: int, tol: float) -> dict[str, Any]:
-    """Fit every spectrum at once. ``tol``: converged when an accepted step lowers chi2 by less than
-    ``tol * chi2``; 0 runs every iteration (what calibration measures). Returns p, chi2, hessian,
-    iterations and converged, per spectrum."""
+def lm_batch(prep: Prepared, flux: Any, weight: Any, p0: Any, max_iter: int, tol: float,
+             dof: np.ndarray | None = None) -> dict[str, Any]:
+    """Fit every spectrum at once; returns p, chi2, hessian, iterations, converged and broken, per spectrum.
+
+    ``tol``: converged when an accepted step lowers chi2, or any step is predicted to, by at most
+    ``tol * (chi2 + dof)`` (see :func:`converged_below`); 0 runs every iteration (what calibration
+    measures). ``iterations`` counts trial steps, accepted or not: one evaluation each. A spectrum
+    whose normal equations are not finite (data beyond the arithmetic's range: flux of 1e18 with
+    ordinary ivar overflows float32) stops where it is, ``broken``; the others go on undisturbed.
+    """
     ops, xp = prep.ops, prep.ops.xp
     b = p0.shape[0]
     p = p0.clone() if ops.name == "torch" else p0.copy()
     current = evaluate(prep, p, flux, weight, jac=True)
     chi2, hessian, gradient = current.chi2, current.hessian, current.gradient
     damping = ops.asarray(np.full(b, 1e-2), dtype=chi2.dtype)
+    absolute = ops.asarray(np.zeros(b) if dof is None else np.maximum(np.asarray(dof, dtype=np.float64), 0.0),
+                           dtype=chi2.dtype)
     done = np.zeros(b, dtype=bool)
+    broken = np.zeros(b, dtype=bool)
     iterations = np.zeros(b, dtype=np.int64)
     floor = ops.asarray(1.0 / (10.0 * np.array([100.0, 100.0, 1000.0, 1.0, 1.0, 1.0])) ** 2, dtype=chi2.dtype)
     eye = ops.eye(N_PARAMS)[None]
@@ -223,11 +262,14 @@ def lm_batch(prep: Prepared, flux: Any, weight: Any, p0: Any, max_iter: int, tol
         diag = xp.diagonal(h, 0, 1, 2)
         lam = damping[a]
         step = ops.solve(h + eye * (lam[:, None] * ops.maximum(diag, floor[None, :]))[:, None, :], g)
-        trial_p = ops.clip(here + step, prep.lower[None, :], prep.upper[None, :])
+        # a non-finite step (overflowed normal equations) must never reach the model: NaN parameters
+        # become NaN grid indices. Such a spectrum keeps its parameters and leaves the batch
+        finite = xp.all(xp.isfinite(step), 1) & xp.isfinite(chi2[a])
+        trial_p = ops.clip(xp.where(finite[:, None], here + step, here), prep.lower[None, :], prep.upper[None, :])
         trial = evaluate(prep, trial_p, flux[a], weight[a], jac=True)
         before = chi2[a]
         gain = before - trial.chi2
-        better = gain > 0
+        better = (gain > 0) & finite
         # the step's predicted decrease: below the tolerance, neither this step nor a more damped one matters
         predicted = xp.sum(step * g, 1)
         p[a] = xp.where(better[:, None], trial_p, here)
@@ -237,25 +279,45 @@ def lm_batch(prep: Prepared, flux: Any, weight: Any, p0: Any, max_iter: int, tol
         lam = xp.where(better, lam * 0.3, lam * 5.0)
         damping[a] = lam
         iterations[active] += 1
-        finished = lam > 1e8  # stuck: no step of any size lowers chi2
+        finished = (lam > 1e8) | ~finite  # stuck (no step of any size lowers chi2), or broken
         if tol > 0:
-            finished = finished | (better & (gain <= tol * before)) | (predicted <= tol * before)
+            limit = converged_below(tol, before, absolute[a])
+            finished = finished | (better & (gain <= limit)) | (predicted <= limit)
         done[active] = ops.to_numpy(finished)  # the loop's one wait for the device
-    return {"p": p, "chi2": chi2, "hessian": hessian, "iterations": iterations, "converged": done}
+        broken[active] = ~ops.to_numpy(finite)
+    return {"p": p, "chi2": chi2, "hessian": hessian, "iterations": iterations, "converged": done & ~broken,
+            "broken": broken}
+
+
+def converged_below(tol: float, chi2: Any, dof: Any) -> Any:
+    """The decrease of chi2 below which a fit has converged: ``tol * (chi2 + dof)``.
+
+    Relative (``tol * chi2``) plus absolute (``tol * dof``): a good fit's chi2 is about dof, so the
+    absolute part is the same tolerance in units of the noise, and it is what lets a near noise-free
+    fit converge, whose chi2 tends to 0 and whose relative decrease never settles below ``tol``.
+    """
+    return tol * (chi2 + dof)
 
 
 # -- the scipy reference -----------------------------------------------------------------
 
 
 def reference_fit(prep: Prepared, flux: np.ndarray, weight: np.ndarray, p0: np.ndarray, max_iter: int,
-                  tol: float) -> dict[str, Any]:
-    """``scipy.optimize.least_squares`` (trust-region reflective, bounded), one spectrum at a time."""
+                  tol: float, dof: np.ndarray | None = None) -> dict[str, Any]:
+    """``scipy.optimize.least_squares`` (trust-region reflective, bounded), one spectrum at a time.
+
+    The same convergence rule as :func:`lm_batch`: scipy's test is relative (``dF < ftol F``), so the
+    residual vector carries one constant entry sqrt(dof) (its Jacobian row is zero: no step changes),
+    which makes ``F`` chi2 + dof. ``iterations`` counts trial steps as lm_batch does: scipy's function
+    evaluations less the one at the start, with at most ``max_iter`` of them.
+    """
     from scipy.optimize import least_squares
 
     lower, upper = np.asarray(prep.lower), np.asarray(prep.upper)
     out_p = np.array(p0, dtype=np.float64, copy=True)
     iterations = np.zeros(len(p0), dtype=np.int64)
     converged = np.zeros(len(p0), dtype=bool)
+    offsets = np.zeros(len(p0)) if dof is None else np.sqrt(np.maximum(np.asarray(dof, dtype=np.float64), 0.0))
     for i in range(len(p0)):
         d, w = flux[i : i + 1], weight[i : i + 1]
         root_w = np.sqrt(w[0])
@@ -268,21 +330,81 @@ def reference_fit(prep: Prepared, flux: np.ndarray, weight: np.ndarray, p0: np.n
                 cache[key] = evaluate(prep, x[None, :], d, w, jac=True, keep_jacobian=True)
             return cache[key]
 
-        def residual(x, root_w=root_w, d=d):
-            return root_w * (d[0] - run(x).model[0])
+        def residual(x, root_w=root_w, d=d, offset=offsets[i]):
+            return np.append(root_w * (d[0] - run(x).model[0]), offset)
 
         def jacobian(x, root_w=root_w):
-            return -(run(x).jproj[0] * root_w[None, :]).T
+            return np.vstack([-(run(x).jproj[0] * root_w[None, :]).T, np.zeros((1, N_PARAMS))])
 
         x0 = np.clip(p0[i], lower + 1e-9 * (upper - lower), upper - 1e-9 * (upper - lower))
         result = least_squares(residual, x0, jac=jacobian, bounds=(lower, upper), method="trf", x_scale="jac",
-                               ftol=max(tol, 1e-12), xtol=1e-10, gtol=1e-10, max_nfev=max_iter)
+                               ftol=max(tol, 1e-12), xtol=1e-10, gtol=1e-10, max_nfev=max_iter + 1)
         out_p[i] = result.x
-        iterations[i] = result.nfev
+        iterations[i] = result.nfev - 1
         converged[i] = result.status > 0
     final = evaluate(prep, out_p, flux, weight, jac=True)
+    broken = ~(np.isfinite(final.chi2) & np.all(np.isfinite(final.hessian), axis=(1, 2)))
     return {"p": out_p, "chi2": final.chi2, "hessian": final.hessian, "iterations": iterations,
-            "converged": converged}
+            "converged": converged & ~broken, "broken": broken}
+
+
+# -- outlier clipping ---------------------------------------------------------------------------
+
+
+def outliers(resid: np.ndarray, used: np.ndarray) -> np.ndarray:
+    """Pixels to clip, (B, N) bool: ``|r| > CLIP_SIGMA * max(s, 1)`` among the used ones.
+
+    ``r = sqrt(ivar) (flux - model)`` and ``s = 1.4826 * median |r|``, the spectrum's robust noise
+    level in units of its stated noise: never below 1, so a spectrum is never clipped harder than its
+    own ivar says, and a spectrum whose ivar understates the noise is clipped at its real noise.
+    """
+    size = np.where(used, np.abs(resid), np.nan)
+    scale = 1.4826 * np.nanmedian(size, axis=1)
+    limit = CLIP_SIGMA * np.maximum(np.nan_to_num(scale, nan=1.0), 1.0)
+    return used & (size > limit[:, None])
+
+
+def fit_clipped(prep: Prepared, flux: Any, weight: Any, p0: Any, *, method: str, max_iter: int, tol: float,
+                dof: np.ndarray) -> dict[str, Any]:
+    """The fit with iterative outlier clipping: fit, clip the pixels :func:`outliers` names, refit, repeat.
+
+    Each round judges every usable pixel afresh against the latest fit, so a pixel clipped while a
+    gross outlier still distorted the fit comes back once it no longer stands out; the spectra whose
+    clipped set changed are refitted from their previous optimum. At most ``CLIP_ROUNDS`` refits;
+    a round that changes nothing ends it. ``clipped`` counts each spectrum's clipped pixels,
+    ``weight`` is the final weight (0 on clipped pixels), ``iterations`` sums the rounds.
+    """
+    ops = prep.ops
+
+    def run(rows: Any, p: Any, w: Any, rows_dof: np.ndarray) -> dict[str, Any]:
+        d = flux if rows is None else flux[rows]
+        if method == "scipy":
+            return reference_fit(prep, ops.to_numpy(d), ops.to_numpy(w), ops.to_numpy(p), max_iter, tol, rows_dof)
+        return lm_batch(prep, d, w, p, max_iter, tol, rows_dof)
+
+    result = run(None, p0, weight, dof)
+    base, used = weight, ops.to_numpy(weight) > 0
+    clip = np.zeros(used.shape, dtype=bool)
+    root_w = ops.float64(base) ** 0.5
+    for _ in range(CLIP_ROUNDS):
+        model = evaluate(prep, result["p"], flux, weight).model  # the continuum as the last fit solved it
+        resid = ops.to_numpy(root_w * ops.float64(flux - model))
+        new = outliers(resid, used) & ~result["broken"][:, None]
+        redo = np.flatnonzero((new != clip).any(axis=1))
+        if redo.size == 0:
+            break
+        clip = new
+        weight = ops.xp.where(ops.asarray(clip, dtype=ops.torch.bool if ops.name == "torch" else bool),
+                              ops.asarray(0.0), base)
+        index = ops.asint(redo)
+        again = run(index, result["p"][index], weight[index], dof[redo] - clip[redo].sum(axis=1))
+        for key in ("p", "chi2", "hessian"):
+            result[key][index] = again[key]
+        result["iterations"][redo] += again["iterations"]
+        result["converged"][redo] = again["converged"]
+        result["broken"][redo] |= again["broken"]
+    result["clipped"], result["weight"] = clip.sum(axis=1), weight
+    return result
 
 
 # -- errors, flags and the output columns -------------------------------------------------------
@@ -296,37 +418,66 @@ def usable(arm_pixels: np.ndarray, signal: np.ndarray) -> tuple[np.ndarray, np.n
     return (flags & NO_DATA) == 0, flags
 
 
+def bad_fit_limit(dof: np.ndarray) -> np.ndarray:
+    """The reduced chi-square above which a fit is flagged BAD_FIT: ``max(q(dof) / dof, 2)``.
+
+    For an exact model and Gaussian noise of the stated ivar, chi2 follows the chi-square law with
+    ``dof`` degrees of freedom; ``q(dof)`` is its quantile exceeded with probability
+    ``BAD_FIT_FALSE_ALARM`` (1e-6), so in-model data is flagged about once in a million spectra.
+    ``q / dof`` is 1 + ~4.8 sqrt(2 / dof) for large dof: 1.08 for a full 7,958-pixel spectrum, a
+    bound no real template grid meets at high signal-to-noise. The floor of 2 tolerates model
+    mismatch up to residuals as large again as the noise (errors then understated by up to
+    sqrt(2)). Above both, the residuals are not noise (a flux scaled by 1e30 with ordinary ivar,
+    unmasked garbage, the wrong kind of star) and the formal errors mean nothing.
+    """
+    from scipy.stats import chi2
+
+    dof = np.maximum(np.asarray(dof, dtype=np.float64), 1.0)
+    return np.maximum(chi2.isf(BAD_FIT_FALSE_ALARM, dof) / dof, BAD_FIT_RCHISQ)
+
+
 def finish(prep: Prepared, result: dict[str, Any], npix: np.ndarray, flags: np.ndarray,
            fitted: np.ndarray, ncoef_used: np.ndarray) -> dict[str, np.ndarray]:
-    """The output columns for every spectrum (NaN where not fitted), with errors and flags."""
+    """The output columns for every spectrum (NaN where not fitted), with errors and flags.
+
+    ``npix``: the pixels each fit used (clipped ones excluded), which set the degrees of freedom.
+    """
     ops = prep.ops
     n = len(flags)
     values = np.full((n, N_PARAMS), np.nan)
     errors = np.full((n, N_PARAMS), np.nan)
     chi2 = np.full(n, np.nan)
     iterations = np.zeros(n, dtype=np.int64)
+    clipped = np.zeros(n, dtype=np.int64)
     flags = flags.copy()
     rows = np.flatnonzero(fitted)
+    dof = npix - N_PARAMS - ncoef_used
     if rows.size:
         p = ops.to_numpy(result["p"])
-        cov = ops.to_numpy(covariance(prep, result["hessian"]))
+        hessian = ops.to_numpy(result["hessian"])
+        broken = np.asarray(result["broken"], dtype=bool) | ~np.all(np.isfinite(hessian), axis=(1, 2))
+        # an overflowed Hessian is never inverted (numpy may refuse it): the row's errors stay NaN
+        safe = np.where(broken[:, None, None], np.eye(N_PARAMS), hessian)
+        cov = ops.to_numpy(covariance(prep, ops.asarray(safe, dtype=float64_dtype(ops))))
         values[rows] = p
-        errors[rows] = np.sqrt(np.clip(np.diagonal(cov, 0, 1, 2), 0, None))
+        errors[rows] = np.where(broken[:, None], np.nan, np.sqrt(np.clip(np.diagonal(cov, 0, 1, 2), 0, None)))
         chi2[rows] = ops.to_numpy(result["chi2"])
         iterations[rows] = result["iterations"]
+        clipped[rows] = result.get("clipped", 0)
         lower, upper = ops.to_numpy(prep.lower), ops.to_numpy(prep.upper)
         span = upper - lower
         bound = (np.abs(p - lower) < 1e-6 * span) | (np.abs(p - upper) < 1e-6 * span)
         bound[:, 1] = np.abs(p[:, 1] - upper[1]) < 1e-6 * span[1]  # vsini = 0 is a value, not a failure
         flags[rows[bound.any(axis=1)]] |= AT_BOUND
-        flags[rows[~np.asarray(result["converged"], dtype=bool)]] |= NOT_CONVERGED
+        flags[rows[~np.asarray(result["converged"], dtype=bool) & ~broken]] |= NOT_CONVERGED
         sigma_v = errors[rows, 0]
         flags[rows[~np.isfinite(sigma_v) | (sigma_v > 100.0)]] |= UNCONSTRAINED
-    dof = npix - N_PARAMS - ncoef_used
+        flags[rows[broken | ~np.isfinite(chi2[rows])]] |= NOT_FINITE
+        rchisq = chi2[rows] / np.maximum(dof[rows], 1)
+        flags[rows[rchisq > bad_fit_limit(dof[rows])]] |= BAD_FIT
     out = {name.upper(): values[:, i] for i, name in enumerate(PARAM_NAMES)}
     out.update({f"{name.upper()}_ERR": errors[:, i] for i, name in enumerate(PARAM_NAMES)})
     out["VRAD"], out["VRAD_ERR"] = out.pop("V"), out.pop("V_ERR")
-    out.update(CHISQ=chi2, RCHISQ=chi2 / np.maximum(dof, 1), NPIX=npix, ITERATIONS=iterations,
+    out.update(CHISQ=chi2, RCHISQ=chi2 / np.maximum(dof, 1), NPIX=npix, NCLIP=clipped, ITERATIONS=iterations,
                FLAGS=flags, SUCCESS=(flags & FAILURE) == 0)
     return out
-

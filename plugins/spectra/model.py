@@ -7,11 +7,21 @@ spectrum at its observed pixels is
 
 - ``theta = (teff, logg, feh, alpha)``: ln F multilinearly interpolated
   between the 16 grid nodes around theta, then exponentiated;
-- ``vsini``: a limb-darkened rotational kernel (epsilon = 0.6), integrated
-  over each template pixel so that it is continuous in vsini and tends to a
-  delta function as vsini -> 0;
+- ``vsini``: Gray's limb-darkened rotational profile (epsilon = 0.6), convolved
+  exactly with the template's cubic (Keys) interpolant: the kernel weights are
+  the profile integrated against the cubic basis, from its analytic moments
+  (:func:`rotation_kernel`); continuous in vsini, a delta function at 0;
 - ``v``: the relativistic Doppler factor ``D = sqrt((1 + beta) / (1 - beta))``,
-  a shift of ``ln D`` on the log-wavelength grid, read by linear interpolation;
+  a shift of ``ln D`` on the log-wavelength grid, read by the same cubic
+  interpolation (6 template pixels per data pixel).
+
+Why cubic: the templates are sampled every 12 km/s. Linear interpolation,
+and a kernel shared between pixels by linear (tent) weights, each smooth the
+spectrum like an extra Gaussian of variance ~h^2 / 6 (h = 12 km/s), together
+~48 km^2/s^2 against the rotation's own ~0.225 vsini^2: on data broadened by
+the physical profile the fit answered 0, 0 and 14 km/s for true 5, 10 and 20.
+Keys' 6-point cubic reproduces cubics exactly, so it adds no such smoothing
+(tests/test_spectra_vsini.py).
 - the continuum: Legendre polynomials of a chosen degree per arm, solved by
   weighted linear least squares inside every evaluation.
 
@@ -33,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import ProblemError
+from core.validation import fail
 from plugins.spectra.templates import ARMS, C_KMS, PIXEL, V_MAX, VSINI_MAX, TemplateLibrary
 
 N_PARAMS = 6
@@ -68,12 +79,115 @@ class Spectra:
         return replace(self, flux=self.flux[start:stop], ivar=self.ivar[start:stop],
                        targetid=self.targetid[start:stop], truth=truth)
 
+    def checked(self) -> Spectra:
+        """This batch validated, as plain arrays: see :func:`check_spectra`."""
+        return check_spectra(self)
+
     def clean(self) -> tuple[np.ndarray, np.ndarray]:
         """(flux, weight) with every unusable pixel (NaN or infinite flux, ivar <= 0 or not finite) weighted 0."""
         flux = np.asarray(self.flux, dtype=np.float64)
         ivar = np.asarray(self.ivar, dtype=np.float64)
         good = np.isfinite(flux) & np.isfinite(ivar) & (ivar > 0)
         return np.where(good, flux, 0.0), np.where(good, ivar, 0.0)
+
+
+# -- validation ------------------------------------------------------------------------------------
+
+_KIND_NAMES = {"b": "bool", "c": "complex", "M": "datetime", "m": "timedelta", "O": "object",
+               "U": "string", "S": "bytes", "V": "structured"}
+
+
+def _real(field_name: str, value: object, ndim: int, integer: bool = False) -> np.ndarray:
+    """``value`` as an ndarray of real numbers with ``ndim`` dimensions, or a one-line ProblemError naming it.
+
+    Complex numbers (the imaginary part would be dropped), strings, booleans and objects are refused
+    rather than cast; ``integer`` also refuses floats that are not whole numbers.
+    """
+    allowed = f"must hold {'integers' if integer else 'real numbers'} in {ndim} dimension{'s' * (ndim > 1)}"
+    try:
+        array = np.asarray(np.ma.getdata(value))
+    except (TypeError, ValueError, OverflowError):  # ragged nested lists, unconvertible objects
+        raise fail(field_name, value, f"{allowed}, with the same length in every row (a ragged list is not)") from None
+    kind = array.dtype.kind
+    if kind not in "iuf":
+        hint = " (a ragged list, mixed types or None)" if kind == "O" else ""
+        raise fail(field_name, value, f"{allowed}, got {_KIND_NAMES.get(kind, str(array.dtype))} "
+                   f"dtype {array.dtype}{hint}")
+    if array.ndim != ndim:
+        raise fail(field_name, value, f"{allowed}, got {array.ndim} dimension(s)")
+    if integer and kind == "f":
+        if not np.all(np.isfinite(array)) or np.any(array != np.round(array)):
+            raise fail(field_name, value, f"{allowed}, got non-integer values")
+    return array
+
+
+def _as_float(array: np.ndarray) -> np.ndarray:
+    """float32 and float64 as they are (no copy); integers and float16 as float64."""
+    return array if array.dtype in (np.float32, np.float64) else array.astype(np.float64)
+
+
+def check_spectra(spectra: Spectra) -> Spectra:
+    """``spectra`` validated: every field checked, each problem a one-line ProblemError naming the field.
+
+    - ``wave``: 1-D, finite, positive, strictly increasing within each arm (arms may overlap);
+    - ``arm``: one integer per pixel, numbering the arms 0, 1, 2, ... in pixel order, with no gap;
+    - ``arm_names``: one string per arm;
+    - ``flux``, ``ivar``: real, both exactly (spectra, pixels): never broadcast. A NaN or infinite
+      value, or ivar <= 0, marks an unusable pixel (weighted 0, as masked);
+    - a numpy masked array's mask is honoured: a pixel masked in flux or in ivar gets ivar 0;
+    - ``targetid``: one integer per spectrum; ``truth``: None or (spectra, 6) real numbers.
+
+    Returns a Spectra of plain ndarrays (float32 or float64 flux and ivar, int64 arm and targetid).
+    """
+    wave = _real("spectra.wave", spectra.wave, 1)
+    if np.ma.is_masked(spectra.wave):
+        raise fail("spectra.wave", spectra.wave, "must not be masked: every pixel needs its wavelength")
+    wave = wave.astype(np.float64, copy=False)
+    n = wave.shape[0]
+    if n < 1 or not np.all(np.isfinite(wave)) or np.any(wave <= 0):
+        raise fail("spectra.wave", spectra.wave, "must be finite positive wavelengths (A), at least one")
+    arm = _real("spectra.arm", spectra.arm, 1, integer=True).astype(np.int64)
+    if arm.shape != wave.shape:
+        raise fail("spectra.arm", spectra.arm, f"must give the arm of each of the {n} pixels, got {arm.shape[0]}")
+    steps = np.diff(arm)
+    if arm[0] != 0 or np.any((steps != 0) & (steps != 1)):
+        arms = np.unique(arm)[:8].tolist()
+        raise fail("spectra.arm", spectra.arm, f"must number the arms 0, 1, 2, ... in pixel order with no gap "
+                   f"(each arm's pixels together), got arms {arms}")
+    inside = steps == 0
+    bad = np.flatnonzero(inside & (np.diff(wave) <= 0))
+    if bad.size:
+        i = int(bad[0])
+        raise fail("spectra.wave", spectra.wave, f"must increase strictly within each arm: arm {int(arm[i])} has "
+                   f"{wave[i]:.6g} then {wave[i + 1]:.6g} A at pixels {i} and {i + 1}")
+    n_arms = int(arm[-1]) + 1
+    names = spectra.arm_names
+    if (not isinstance(names, (tuple, list)) or len(names) != n_arms
+            or not all(isinstance(name, str) for name in names)):
+        raise fail("spectra.arm_names", names, f"must be {n_arms} strings, one per arm")
+    flux = _real("spectra.flux", spectra.flux, 2)
+    ivar = _real("spectra.ivar", spectra.ivar, 2)
+    for name, value in (("flux", flux), ("ivar", ivar)):
+        if value.shape[1] != n or value.shape[0] < 1:
+            raise ProblemError(f"spectra.{name} has shape {value.shape}: must be (spectra, {n})")
+    if ivar.shape != flux.shape:
+        raise ProblemError(f"spectra.ivar has shape {ivar.shape}: must be {flux.shape}, one row per spectrum of "
+                           "spectra.flux (never broadcast)")
+    flux, ivar = _as_float(flux), _as_float(ivar)
+    masked = np.ma.getmaskarray(spectra.flux) | np.ma.getmaskarray(spectra.ivar)
+    if masked.any():
+        ivar = np.where(masked, 0, ivar).astype(ivar.dtype)
+    targetid = _real("spectra.targetid", spectra.targetid, 1, integer=True)
+    if targetid.shape[0] != flux.shape[0]:
+        raise ProblemError(f"spectra.targetid has shape {targetid.shape}: must have one entry per spectrum "
+                           f"({flux.shape[0]})")
+    truth = spectra.truth
+    if truth is not None:
+        truth = _real("spectra.truth", truth, 2).astype(np.float64, copy=False)
+        if truth.shape != (flux.shape[0], N_PARAMS):
+            raise ProblemError(f"spectra.truth has shape {truth.shape}: must be ({flux.shape[0]}, {N_PARAMS})")
+    return Spectra(wave=wave, arm=arm, flux=flux, ivar=ivar, targetid=targetid.astype(np.int64, copy=False),
+                   arm_names=tuple(names), truth=truth)
 
 
 def arm_wavelengths(n_pixels: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -269,47 +383,87 @@ def corners(prep: Prepared, theta: Any, derivatives: bool) -> tuple[Any, Any, An
     return idx, weights, ops.cast(slopes * xp.prod(others, -1))
 
 
-def _rotation_integrals(xp: Any, u: Any) -> tuple[Any, Any]:
-    """From -1 to u, the integrals of the limb-darkened rotational profile G(t) and of t G(t).
+def _rotation_moments(xp: Any, u: Any) -> list[Any]:
+    """From -1 to u (in [-1, 1]), the integrals of t^p G(t) for p = 0..3: G the limb-darkened rotational profile.
 
-    The first is 0 at u <= -1 and 1 at u >= 1; the second is 0 at both ends (G is even).
+    ``G(t) = (c1 sqrt(1 - t^2) + c2 (1 - t^2)) / area`` with ``c1 = 2 (1 - eps)``, ``c2 = pi eps / 2``
+    (Gray, The Observation and Analysis of Stellar Photospheres, ch. 18), normalised to unit area.
+    The zeroth is 0 at -1 and 1 at 1; the second at 1 is the profile's variance (0.225 at eps = 0.6).
     """
     c1, c2 = 2 * (1 - EPSILON), math.pi * EPSILON / 2
     area = math.pi * (1 - EPSILON / 3)
     u2 = u * u
     rest = 1 - u2
     root = xp.sqrt(rest)
-    cdf = (c1 / 2 / area) * (u * root + xp.arcsin(u) + math.pi / 2) + (c2 / area) * (u - u * u2 / 3 + 2 / 3)
-    moment = (-c1 / 3 / area) * rest * root + (c2 / area) * (u2 / 2 - u2 * u2 / 4 - 0.25)
-    return cdf, moment
+    arc = xp.arcsin(u)
+    # the antiderivatives of t^p sqrt(1 - t^2) and of t^p (1 - t^2), each less its value at t = -1
+    disc = [(u * root + arc) / 2 + math.pi / 4, -rest * root / 3,
+            u * (2 * u2 - 1) * root / 8 + arc / 8 + math.pi / 16, -rest * root / 3 + rest * rest * root / 5]
+    poly = [u - u * u2 / 3 + 2 / 3, u2 / 2 - u2 * u2 / 4 - 0.25, u * u2 / 3 - u * u2 * u2 / 5 + 2 / 15,
+            u2 * u2 / 4 - u2 * u2 * u2 / 6 - 1 / 12]
+    return [(c1 * d + c2 * q) / area for d, q in zip(disc, poly)]
+
+
+# Keys' cubic convolution (Keys 1981, IEEE Trans. ASSP 29, 1153), 6-point form: a point at template
+# position j0 + t (0 <= t < 1) is read from pixels j0 + o, o = CUBIC_FIRST ... CUBIC_FIRST + 5, with weight
+# CUBIC[o] . (1, t, t^2, t^3). The weights sum to 1 and reproduce t, t^2 and t^3 exactly (4th order):
+# no smoothing of order h^2, and a residual of order h^4 (the 4-point form is exact to t^2 only)
+CUBIC = np.array([[0.0, 1.0, -2.0, 1.0], [0.0, -8.0, 15.0, -7.0], [12.0, 0.0, -28.0, 16.0],
+                  [0.0, 8.0, 20.0, -16.0], [0.0, -1.0, -6.0, 7.0], [0.0, 0.0, 1.0, -1.0]]) / 12.0
+CUBIC_FIRST = -2
+CUBIC_LAST = CUBIC_FIRST + len(CUBIC) - 1
+
+
+def cubic_weights(ops: Any, t: Any, cubic: Any) -> tuple[Any, Any]:
+    """The Keys weights of the taps at fractions ``t`` (B, N) and their derivatives d/dt, each (B, taps, N).
+
+    ``cubic``: :data:`CUBIC` on the ops' device (float64). One matrix product each, whatever the taps:
+    on a GPU a polynomial per tap would be dozens of tiny launches.
+    """
+    xp = ops.xp
+    ones = t * 0.0 + 1.0
+    t2 = t * t
+    powers = xp.stack([ones, t, t2, t2 * t], 1)  # (B, 4, N)
+    slopes = xp.stack([ones * 0.0, ones, 2.0 * t, 3.0 * t2], 1)
+    return ops.matmul(cubic, powers), ops.matmul(cubic, slopes)
 
 
 def kernel_half_width(vsini_max: float, step_kms: float) -> int:
-    return int(math.ceil((vsini_max + 1.0) / step_kms)) + 1
+    """Kernel taps each side: the profile's half-width (plus the derivative's 0.5 km/s) and the cubic's reach."""
+    return int(math.ceil((vsini_max + 1.0) / step_kms)) + CUBIC_LAST - 1
 
 
 def rotation_kernel(prep: Prepared, vsini: Any, half: int) -> Any:
-    """(B, 2 half + 1) weights: the rotational profile shared between template pixels by linear (tent) weights.
+    """(B, 2 half + 1) weights: Gray's rotational profile convolved exactly with the templates' cubic interpolant.
 
-    Each velocity x of the profile gives its weight to the two pixels around it in proportion to
-    closeness, as linear interpolation would; integrated exactly with the profile's CDF and first
-    moment. The kernel is a delta at vsini = 0 and moves weight off the centre linearly in vsini, so
-    chi-square has a slope in vsini everywhere (a pixel-binned kernel is flat below half a pixel,
-    a plateau on which fits stall at different points).
+    With the template read between its pixels by the Keys cubic (:data:`CUBIC`), the broadened
+    template at pixel j is ``sum_m K_m F[j + m]``, where ``K_m`` integrates the profile g (in pixel
+    units, half-width ``s = vsini / step``) against the cubic's weight of pixel m: over each pixel
+    interval [k, k + 1] that weight is a cubic in ``z = y - k``, so K_m needs the profile's first four
+    moments over each interval, which :func:`_rotation_moments` gives analytically: no quadrature,
+    exact at every vsini. The weights sum to 1 and their variance is exactly the profile's
+    (``0.225 vsini^2``): the cubic adds none, where linear (tent) sharing added step^2 / 6. A delta
+    function at vsini = 0, smooth in vsini. ``half`` must be at least ``ceil(s) + CUBIC_LAST - 1``
+    (see :func:`kernel_half_width`).
     """
     ops, xp = prep.ops, prep.ops.xp
     h = prep.step_kms
-    # the CDF and moment at every pixel edge once: pixel m's two segments share their edges with its neighbours'
-    edges = prep.constant(f"kernel_edges_{half}", np.arange(-half - 1, half + 2, dtype=np.float64))
-    m = edges[None, 1:-1]
-    vs = ops.maximum(vsini, 1e-6)[:, None]
-    x = ops.clip(edges[None, :] * h / vs, -1.0, 1.0)
-    cdf, moment = _rotation_integrals(xp, x)
-    d_cdf, d_moment = cdf[:, 1:] - cdf[:, :-1], moment[:, 1:] - moment[:, :-1]
-    # x in [(m-1)h, mh] carries weight (x - (m-1)h)/h to pixel m, x in [mh, (m+1)h] weight ((m+1)h - x)/h
-    rising = vs / h * d_moment[:, :-1] - (m - 1) * d_cdf[:, :-1]
-    falling = (m + 1) * d_cdf[:, 1:] - vs / h * d_moment[:, 1:]
-    return rising + falling
+    # interval k = m - o for every tap m in -half..half and cubic offset o: k from -half - LAST to half - FIRST
+    edges = prep.constant(f"kernel_edges_{half}", np.arange(-half - CUBIC_LAST, half - CUBIC_FIRST + 2,
+                                                           dtype=np.float64))
+    k = edges[None, :-1]
+    s = ops.maximum(vsini, 1e-6)[:, None] / h
+    moments = _rotation_moments(xp, ops.clip(edges[None, :] / s, -1.0, 1.0))
+    # y-moments of g over each interval, then about the interval's start k: integral of (y - k)^p g(y) dy
+    y = [(s**q) * (c[:, 1:] - c[:, :-1]) for q, c in enumerate(moments)]
+    local = [y[0], y[1] - k * y[0], y[2] - 2 * k * y[1] + k * k * y[0],
+             y[3] - 3 * k * y[2] + 3 * k * k * y[1] - k * k * k * y[0]]
+    width = 2 * half + 1
+    kernel = 0.0
+    for o, row in enumerate(CUBIC.tolist(), start=CUBIC_FIRST):
+        part = sum(a * lp for a, lp in zip(row, local) if a != 0.0)
+        kernel = kernel + part[:, CUBIC_LAST - o : CUBIC_LAST - o + width]  # interval k = m - o for tap m
+    return kernel
 
 
 def rotation_kernels(prep: Prepared, vsini: Any, half: int, derivative: bool, h: float = 0.5) -> tuple[Any, Any]:
@@ -345,30 +499,41 @@ def shifted_templates(prep: Prepared, p: Any, jac: bool) -> Any:
     du_dv = -1.0 / (C_KMS * (1 - beta * beta) * prep.dlnw)
     # an array library with a compiled version of the whole step (numba) provides it; others run the generic one
     custom = getattr(ops, "resample", None)
-    return (custom or partial(resample, ops))(prep.u0, channels, kernel, dk, shift, du_dv)
+    cubic = prep.constant("cubic", CUBIC)
+    return (custom or partial(resample, ops))(prep.u0, channels, kernel, dk, shift, du_dv, cubic)
 
 
-def resample(ops: Any, u0: Any, channels: Any, kernel: Any, dk: Any, shift: Any, du_dv: Any) -> Any:
+def resample(ops: Any, u0: Any, channels: Any, kernel: Any, dk: Any, shift: Any, du_dv: Any, cubic: Any) -> Any:
     """Broaden and shift the template channels and read them at the data pixels (any ops).
 
     ``channels`` (B, 1 or 5, P): F and F d ln F / d theta on the template grid. Data pixel i of
-    spectrum b sits at template position ``u0[i] - shift[b]``, read by linear interpolation between
-    the broadened values at its two neighbours. Returns (B, 1, N), or with ``dk`` (B, 7, N): the
-    model and its derivatives in p's order (v, vsini, teff, logg, feh, alpha).
+    spectrum b sits at template position ``u0[i] - shift[b]``, read by the cubic (``cubic``:
+    :data:`CUBIC` on the device) from the broadened values at the pixels around it. Returns
+    (B, 1, N), or with ``dk`` (B, 7, N): the model and its derivatives in p's order (v, vsini, teff,
+    logg, feh, alpha).
     """
     xp = ops.xp
     n_template = channels.shape[2]
-    u = ops.clip(u0[None, :] - shift[:, None], 0.0, float(n_template - 1) - 1e-6)
+    u = ops.clip(u0[None, :] - shift[:, None], float(-CUBIC_FIRST), float(n_template - CUBIC_LAST) - 1e-6)
     j0 = _int(ops, xp.floor(u))
-    frac = ops.cast(u - j0)[:, None, :]
-    left, right = ops.broaden_at(channels, kernel, j0)
-    values = left + frac * (right - left)
+    weights, slopes = cubic_weights(ops, u - j0, cubic)
+    weights, slopes = ops.cast(weights), ops.cast(slopes)
+    broad = ops.convolve(channels, kernel)
+    # d S / d vsini: the unbroadened flux convolved with d kernel / d vsini, read at the same pixels
+    dbroad = None if dk is None else ops.convolve(channels[:, :1], dk)
+    values = dv = dvsini = None
+    # tap by tap: one (B, C, N) read at a time, never all the taps at once (6x the data-sized memory)
+    for tap in range(len(CUBIC)):
+        index = j0 + (CUBIC_FIRST + tap)
+        read = ops.gather(broad, index)
+        weight = weights[:, tap : tap + 1]
+        values = ops.add_product(values, weight, read)
+        if dbroad is not None:
+            dv = ops.add_product(dv, slopes[:, tap : tap + 1], read[:, :1])
+            dvsini = ops.add_product(dvsini, weight, ops.gather(dbroad, index))
     if dk is None:
         return values
-    # d S / d vsini: the unbroadened flux convolved with d kernel / d vsini, read at the same pixels
-    dleft, dright = ops.broaden_at(channels[:, :1], dk, j0)
-    dv = (right[:, :1] - left[:, :1]) * ops.cast(du_dv)[:, None, None]
-    return _cat(ops, [values[:, :1], dv, dleft + frac * (dright - dleft), values[:, 1:5]], 1)
+    return _cat(ops, [values[:, :1], dv * ops.cast(du_dv)[:, None, None], dvsini, values[:, 1:5]], 1)
 
 
 @dataclass

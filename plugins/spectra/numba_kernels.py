@@ -15,6 +15,7 @@ import numpy as np
 from numba import prange
 
 from core.backends.numba_threads import jit, one_blas_thread
+from plugins.spectra.model import CUBIC_FIRST
 from plugins.spectra.ops import NumpyOps
 
 # spectra: smaller batches run the serial kernels when nobody chose (a process worker's chunk). Each
@@ -55,40 +56,74 @@ def _interpolate_exp(table, idx, w, dw, derivatives):  # pragma: no cover - comp
     return out
 
 
-def _resample(channels, kernel, dk, shift, du_dv, u0, jac):  # pragma: no cover - compiled
-    # broaden (the kernel applied only at the two template pixels each data pixel reads), shift and
-    # assemble the model and its derivatives in p's order: value, v, vsini, teff, logg, feh, alpha
+def _resample(channels, kernel, dk, shift, du_dv, u0, cubic, first, jac):  # pragma: no cover - compiled
+    # broaden every template pixel the data pixels read (one contiguous span), shift, read by the cubic
+    # (model.CUBIC: taps j0 + first, ...) and assemble the model and its derivatives in p's order:
+    # value, v, vsini, teff, logg, feh, alpha
     b_count, n_channels, n_template = channels.shape
     n = u0.shape[0]
     width = kernel.shape[1]
     half = width // 2
+    n_taps = cubic.shape[0]
+    last = first + n_taps - 1
+    low_u, high_u = u0.min(), u0.max()
     out = np.empty((b_count, 7 if jac else 1, n))
     for b in prange(b_count):
-        pair = np.empty((2, 6))  # per spectrum: one per thread, never shared
+        # the span read: u = u0 - shift is monotonic in u0, so its ends come from u0's
+        j_lo = int(np.floor(min(max(low_u - shift[b], -first), n_template - last - 1e-6))) + first
+        j_hi = int(np.floor(min(max(high_u - shift[b], -first), n_template - last - 1e-6))) + last
+        # per spectrum (one per thread, never shared): the broadened channels (row 5: the d kernel one),
+        # kernel tap by tap over blocks of the span: an inner loop over contiguous pixels (SIMD) whose
+        # block of output stays in the L1 cache while every tap adds to it
+        broad = np.empty((6, n_template))
+        for block in range(j_lo, j_hi + 1, 512):
+            block_end = min(block + 512, j_hi + 1)
+            for ch in range(6 if jac else 1):
+                if ch >= n_channels and ch != 5:
+                    continue
+                source = channels[b, 0] if ch == 5 else channels[b, ch]
+                weights = dk[b] if ch == 5 else kernel[b]
+                target = broad[ch]
+                for j in range(block, block_end):
+                    target[j] = 0.0
+                for m in range(width):
+                    lo = max(block, half - m)  # zero beyond the template's ends, as ops.convolve pads
+                    hi = min(block_end, n_template + half - m)
+                    weight_m = weights[m]
+                    # slices indexed from 0: a possibly negative index (Python's wrap-around, which
+                    # Numba honours) would keep the loop scalar; this form vectorises, 7x faster
+                    shifted = source[lo + m - half : hi + m - half]
+                    out_block = target[lo:hi]
+                    for q in range(hi - lo):
+                        out_block[q] += weight_m * shifted[q]
+        weight = np.empty(n_taps)
+        slope = np.empty(n_taps)
         for i in range(n):
-            u = min(max(u0[i] - shift[b], 0.0), n_template - 1 - 1e-6)
+            u = min(max(u0[i] - shift[b], -first), n_template - last - 1e-6)
             j0 = int(np.floor(u))
-            frac = u - j0
-            for side in range(2):
-                j = j0 + side
-                lo = max(0, half - j)
-                hi = min(width, n_template + half - j)
-                for ch in range(n_channels):
-                    acc = 0.0
-                    for m in range(lo, hi):
-                        acc += kernel[b, m] * channels[b, ch, j + m - half]
-                    pair[side, ch] = acc
-                if jac:
-                    acc = 0.0
-                    for m in range(lo, hi):
-                        acc += dk[b, m] * channels[b, 0, j + m - half]
-                    pair[side, 5] = acc
-            out[b, 0, i] = pair[0, 0] + frac * (pair[1, 0] - pair[0, 0])
+            t = u - j0
+            for o in range(n_taps):
+                c = cubic[o]
+                weight[o] = c[0] + t * (c[1] + t * (c[2] + t * c[3]))
+                slope[o] = c[1] + t * (2.0 * c[2] + t * (3.0 * c[3]))
+            start = j0 + first
+            value = 0.0
+            for o in range(n_taps):
+                value += weight[o] * broad[0, start + o]
+            out[b, 0, i] = value
             if jac:
-                out[b, 1, i] = (pair[1, 0] - pair[0, 0]) * du_dv[b]
-                out[b, 2, i] = pair[0, 5] + frac * (pair[1, 5] - pair[0, 5])
+                dv = 0.0
+                dvsini = 0.0
+                for o in range(n_taps):
+                    dv += slope[o] * broad[0, start + o]
+                    dvsini += weight[o] * broad[5, start + o]
+                out[b, 1, i] = dv * du_dv[b]
+                out[b, 2, i] = dvsini
                 for k in range(4):
-                    out[b, 3 + k, i] = pair[0, 1 + k] + frac * (pair[1, 1 + k] - pair[0, 1 + k])
+                    acc = 0.0
+                    for o in range(n_taps):
+                        acc += weight[o] * broad[1 + k, start + o]
+                    out[b, 3 + k, i] = acc
     return out
 
 
@@ -219,13 +254,14 @@ class NumbaOps(NumpyOps):
             table, np.ascontiguousarray(idx), np.ascontiguousarray(w, dtype=np.float64),
             np.ascontiguousarray(dw, dtype=np.float64), derivatives)
 
-    def resample(self, u0, channels, kernel, dk, shift, du_dv):
+    def resample(self, u0, channels, kernel, dk, shift, du_dv, cubic):
         jac = dk is not None
         f64 = np.float64
         return self._kernel("resample", channels.shape[0])(
             np.ascontiguousarray(channels, dtype=f64), np.ascontiguousarray(kernel, dtype=f64),
             np.ascontiguousarray(dk if jac else kernel, dtype=f64), np.ascontiguousarray(shift, dtype=f64),
-            np.ascontiguousarray(du_dv, dtype=f64), np.ascontiguousarray(u0, dtype=f64), jac)
+            np.ascontiguousarray(du_dv, dtype=f64), np.ascontiguousarray(u0, dtype=f64),
+            np.ascontiguousarray(cubic, dtype=f64), CUBIC_FIRST, jac)
 
     def profile(self, prep, shifted, flux, weight, jac, keep_jacobian, ridge):
         """model.profile's answer as a tuple: chi2, coeffs, model, hessian, gradient, jproj (None where not asked)."""

@@ -6,7 +6,7 @@ NumPy, Numba and PyTorch each supply it. Everything elementwise comes from
 ``ops.xp`` (``numpy`` or ``torch``: both spell ``exp``, ``where``,
 ``einsum`` and ``floor`` alike); what the two spell differently, and the
 hot loops (template interpolation, the rotational convolution read at the
-resampled pixels), are methods here.
+template pixels around each resampled pixel), are methods here.
 """
 
 from __future__ import annotations
@@ -113,14 +113,14 @@ class NumpyOps:
     def cat(self, arrays, axis: int):
         return np.concatenate(arrays, axis=axis)
 
-    def broaden_at(self, x, kernel, j0):
-        """The convolution of x with each row's kernel, read at template pixels j0 and j0 + 1 (B, C, N) each."""
-        return self.gather_pairs(self.convolve(x, kernel), j0)
+    def add_product(self, acc: np.ndarray | None, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """``acc + a * b`` (broadcasting), or ``a * b`` where ``acc`` is None."""
+        return a * b if acc is None else acc + a * b
 
-    def gather_pairs(self, x: np.ndarray, j0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """x (B, C, P) at pixels j0 and j0 + 1 (B, N) -> two (B, C, N) arrays."""
-        index = np.broadcast_to(j0[:, None, :], (x.shape[0], x.shape[1], j0.shape[1]))
-        return np.take_along_axis(x, index, axis=2), np.take_along_axis(x, index + 1, axis=2)
+    def gather(self, x: np.ndarray, index: np.ndarray) -> np.ndarray:
+        """x (B, C, P) at template pixels ``index`` (B, N), the same for every channel -> (B, C, N)."""
+        return np.take_along_axis(x, np.broadcast_to(index[:, None, :], (x.shape[0], x.shape[1], index.shape[1])),
+                                  axis=2)
 
 
 class TorchOps(NumpyOps):
@@ -218,7 +218,8 @@ class TorchOps(NumpyOps):
         out = F.conv1d(x.reshape(1, b * c, n), weight, padding=half, groups=b * c)
         return out.reshape(b, c, n)
 
-    def gather_pairs(self, x, j0):
-        index = j0[:, None, :].expand(x.shape[0], x.shape[1], j0.shape[1])
-        return self.torch.gather(x, 2, index), self.torch.gather(x, 2, index + 1)
+    def add_product(self, acc, a, b):
+        return a * b if acc is None else self.torch.addcmul(acc, a, b)  # one launch, not two
 
+    def gather(self, x, index):
+        return self.torch.gather(x, 2, index[:, None, :].expand(x.shape[0], x.shape[1], index.shape[1]))

@@ -5,11 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from core.errors import ProblemError
 from core.validation import check_float, check_int, check_seed, fail
-from plugins.spectra.model import Spectra, arm_wavelengths
+from plugins.spectra.model import Spectra, arm_wavelengths, check_spectra
 from plugins.spectra.templates import GRIDS, TemplateLibrary, load, named_library
 
 FULL_PIXELS = len(arm_wavelengths()[0])  # 7,958: three DESI-like arms at 0.8 A
@@ -24,8 +22,11 @@ class SpectraProblem:
     pixels at signal-to-noise ``snr`` are generated from ``seed`` (what
     calibration and the demo fit). ``grid`` names a template grid
     (``small``, ``medium``, ``realistic``) or is the path of a library file.
-    ``tol``: a spectrum has converged when a step lowers chi-square by less
-    than ``tol`` times chi-square; 0 runs all ``max_iter`` iterations.
+    ``tol``: a spectrum has converged when a step lowers chi-square by at most
+    ``tol * (chi2 + dof)`` (relative plus absolute, see
+    :func:`plugins.spectra.fit.converged_below`); 0 runs all ``max_iter``
+    iterations (per clipping round). ``spectra`` is validated field by field
+    (:func:`plugins.spectra.model.check_spectra`) and stored as checked.
     """
 
     n_spectra: int = 64
@@ -51,7 +52,7 @@ class SpectraProblem:
             if not isinstance(self.spectra, Spectra):
                 raise ProblemError(f"spectra={type(self.spectra).__name__} is invalid: must be a "
                                    "plugins.spectra.model.Spectra")
-            _check_spectra(self.spectra)
+            object.__setattr__(self, "spectra", _check_spectra(self.spectra))
             object.__setattr__(self, "n_spectra", len(self.spectra))
             object.__setattr__(self, "n_pixels", self.spectra.n_pixels)
             return
@@ -97,19 +98,10 @@ def _load_cached(path: str) -> TemplateLibrary:
     return _LOADED[path]
 
 
-def _check_spectra(spectra: Spectra) -> None:
-    wave, arm = np.asarray(spectra.wave), np.asarray(spectra.arm)
-    n = wave.shape[0] if wave.ndim == 1 else -1
-    if wave.ndim != 1 or n < 100 or not np.all(np.isfinite(wave)) or np.any(wave <= 0):
-        raise ProblemError(f"spectra.wave={wave.shape} is invalid: must be 1-D, at least 100 finite positive "
+def _check_spectra(spectra: Spectra) -> Spectra:
+    """The batch validated field by field (:func:`plugins.spectra.model.check_spectra`), with enough pixels to fit."""
+    checked = check_spectra(spectra)
+    if checked.n_pixels < 100:
+        raise ProblemError(f"spectra.wave has {checked.n_pixels} pixels: must have at least 100 finite positive "
                            "wavelengths (A)")
-    if arm.shape != wave.shape or np.any(np.diff(arm) < 0) or arm.min() < 0:
-        raise ProblemError(f"spectra.arm (shape {arm.shape}) is invalid: must give a non-decreasing arm number "
-                           f"for each of the {n} pixels")
-    for name in ("flux", "ivar"):
-        value = np.asarray(getattr(spectra, name))
-        if value.ndim != 2 or value.shape[1] != n or value.shape[0] < 1:
-            raise ProblemError(f"spectra.{name} has shape {value.shape}: must be (spectra, {n})")
-    if np.asarray(spectra.targetid).shape != (np.asarray(spectra.flux).shape[0],):
-        raise ProblemError(f"spectra.targetid has shape {np.asarray(spectra.targetid).shape}: must have one "
-                           "entry per spectrum")
+    return checked

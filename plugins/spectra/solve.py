@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from core import tasks
-from plugins.spectra.fit import ccf_design, ccf_start, finish, lm_batch, reference_fit, usable
-from plugins.spectra.model import Spectra, prepare
+from plugins.spectra.fit import ccf_design, ccf_start, finish, fit_clipped, usable
+from plugins.spectra.model import N_PARAMS, Spectra, check_spectra, prepare
 from plugins.spectra.ops import NumpyOps, TorchOps
 from plugins.spectra.problem import SpectraProblem
 from plugins.spectra.templates import TemplateLibrary
@@ -28,24 +28,29 @@ from plugins.spectra.templates import TemplateLibrary
 
 def fit_batch(spectra: Spectra, library: TemplateLibrary, ops: Any, *, method: str = "lm", degree: int = 3,
               max_iter: int = 30, tol: float = 1e-7, table: Any = None) -> dict[str, np.ndarray]:
-    """Fit every spectrum of ``spectra``; the output columns (see :func:`plugins.spectra.fit.finish`)."""
+    """Fit every spectrum of ``spectra``; the output columns (see :func:`plugins.spectra.fit.finish`).
+
+    ``spectra`` is validated first (:func:`plugins.spectra.model.check_spectra`); the fit clips
+    outlying pixels (:func:`plugins.spectra.fit.fit_clipped`).
+    """
+    spectra = check_spectra(spectra)
     prep = prepare(ops, library, spectra.wave, spectra.arm, degree, table)
     flux, weight = clean(ops, spectra.flux, spectra.ivar)  # on the device: the host never converts a batch
     arm_pixels, signal = usable_measures(prep, flux, weight)
     fitted, flags = usable(arm_pixels, signal)
     rows = np.flatnonzero(fitted)
+    npix = arm_pixels.sum(axis=1)
+    ncoef = (arm_pixels > 0).sum(axis=1) * (degree + 1)
     result: dict[str, Any] = {}
     if rows.size:
         if rows.size < len(fitted):
             index = ops.asint(rows)
             flux, weight = flux[index], weight[index]
         p0 = ccf_start(prep, flux, weight, ccf_design(prep, library))
-        if method == "scipy":
-            result = reference_fit(prep, ops.to_numpy(flux), ops.to_numpy(weight), ops.to_numpy(p0), max_iter, tol)
-        else:
-            result = lm_batch(prep, flux, weight, p0, max_iter, tol)
-    arms_used = (arm_pixels > 0).sum(axis=1)
-    out = finish(prep, result, arm_pixels.sum(axis=1), flags, fitted, arms_used * (degree + 1))
+        result = fit_clipped(prep, flux, weight, p0, method=method, max_iter=max_iter, tol=tol,
+                             dof=(npix - N_PARAMS - ncoef)[rows].astype(np.float64))
+        npix[rows] -= result["clipped"]
+    out = finish(prep, result, npix, flags, fitted, ncoef)
     out["TARGETID"] = np.asarray(spectra.targetid)
     return out
 

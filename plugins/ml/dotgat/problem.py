@@ -17,6 +17,11 @@ from plugins.ml.dotgat.config import GRAPHS, DotGATConfig
 from plugins.ml.dotgat.data import SyntheticTask
 
 PRECISIONS = ("fp32", "tf32", "bf16")
+# AdamW moves every parameter by about lr a step whatever the gradient's scale (its update is m / sqrt(v),
+# about +-1), and the weights start at about 1/sqrt(H) (0.1-0.2): at lr 1 each step already moves a weight
+# by several times its own scale (validation loss 30x the default's after 20 steps), at 10 the training
+# is NaN within 20 steps, and from 100 on the decoupled weight decay's factor 1 - 0.01 lr is <= 0
+LR_MAX = 1.0
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,7 @@ class DotGATProblem:
                      "n_val"):
             object.__setattr__(self, name, check_int(name, getattr(self, name), minimum=1))
         object.__setattr__(self, "rho", check_float("rho", self.rho, minimum=0, maximum=1, strict_minimum=True))
-        object.__setattr__(self, "lr", check_float("lr", self.lr, minimum=0, strict_minimum=True))
+        object.__setattr__(self, "lr", check_float("lr", self.lr, minimum=0, maximum=LR_MAX, strict_minimum=True))
         object.__setattr__(self, "graph", check_choice("graph", self.graph, GRAPHS))
         object.__setattr__(self, "precision", check_choice("precision", self.precision, PRECISIONS))
         object.__setattr__(self, "seed", check_seed("seed", self.seed))
