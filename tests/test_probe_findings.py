@@ -324,3 +324,10 @@ def test_solve_refuses_a_huge_run_on_a_backend_with_no_model(empty_cache):
     huge = problem_from_params(spec, {"n_walkers": 30_000_000_000, "n_steps": 100})
     with pytest.raises(TooLongError, match="over the limit of 1 h"):
         core.solve(huge, backend="numpy")
+
+
+@pytest.mark.parametrize("name", sorted(core.solvers()))
+def test_every_default_problem_lies_within_its_full_calibration_design(name):
+    # a named backend without a model is only measured first for problems beyond the design: never the default
+    spec = core.solvers()[name]
+    assert limits.beyond_design(spec, spec.default_problem()) == []

@@ -46,7 +46,7 @@ def _space(quick: bool) -> SizeSpace:
         return SizeSpace(ranges={"n_spectra": (1, 8), "n_pixels": (500, FULL_PIXELS), "max_iter": (1, 5),
                                  "tol": (1e-9, 1e-5), "degree": (2, 5)},
                          choices={"grid": ["small", "medium"]})
-    return SizeSpace(ranges={"n_spectra": (1, 4_096), "n_pixels": (1_000, FULL_PIXELS), "max_iter": (2, 20),
+    return SizeSpace(ranges={"n_spectra": (1, 4_096), "n_pixels": (1_000, FULL_PIXELS), "max_iter": (2, 40),
                              "tol": (1e-9, 1e-5), "degree": (1, 10)},
                      choices={"grid": ["small", "medium", "realistic"]})
 
