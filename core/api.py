@@ -88,11 +88,12 @@ def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[s
          sampling: bool = False, first_touch: bool = False) -> tuple[dict, float, bool]:
     """Run once, paying the backend's start first, and observe the timing. Returns (outputs, seconds, cold).
 
-    A run is *cold* when it may owe a one-off: this process had not yet run
-    the implementation (on this shape, for a variant that compiles per
-    shape), whether or not calibration measured a first run's excess (a
-    compile, a cache to fill). The loop and the model never compare a cold
-    run with warm ones.
+    A run is *cold* when it owed a one-off: this process had not yet run the
+    implementation (on this shape, for a variant that compiles per shape)
+    and its calibration measured a first run's excess (a compile, a cache
+    to fill). The loop and the model never compare a cold run with warm
+    ones. A first run with no calibration at all is no warm sample for the
+    loop either (as a first touch, below).
 
     ``sampling`` (the loop still gathers this implementation's first runs
     here): a warm run shorter than :data:`~core.costmodel.race.SHORT_RUN`
@@ -110,9 +111,11 @@ def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[s
     planner = current()
     planner.start_backend(get_registry().backends[backend_of(implementation)])
     first = not planner.is_paid(spec, implementation, problem)
-    # a first run here is cold whether or not calibration measured its excess: an uncalibrated solver's
-    # first numba call compiled for 0.09 s in the demo, and counted as warm it made auto pick a slower one
-    cold = first
+    cold = first and planner.implementation_one_off(spec, implementation, problem) > 0
+    # with no calibration to say what a first run owes, the loop does not take it as warm either: an
+    # uncalibrated solver's first numba call compiled for 0.09 s in the demo, and as a warm sample it made
+    # auto pick a slower implementation (the model's history may keep it: it has no calibration to bias)
+    first_touch = first_touch or (first and planner.model(spec, implementation) is None)
     with using(implementation):
         outputs, seconds = run_once(spec, implementation, problem)
         sample = seconds
