@@ -367,3 +367,10 @@ def test_bad_planner_arguments_are_one_line_errors(clean, call, message):
     with pytest.raises(core.ProblemError, match=re.escape(message)):
         call(kept)
     assert kept.model(spec, "serial") is not None  # a refused import replaced nothing
+
+
+def test_a_value_a_plugin_caches_on_a_problem_is_no_field():
+    problem = GridProblem(1_000, 10)
+    before = planning.numeric_fields(problem)
+    object.__setattr__(problem, "_derived", 3.5)  # as plugins cache derived values on frozen problems
+    assert planning.numeric_fields(problem) == before

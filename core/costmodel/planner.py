@@ -80,9 +80,16 @@ def problem_key(features: Mapping[str, float]) -> tuple:
 
 
 def numeric_fields(problem: Any) -> dict[str, float]:
-    """The problem's positive numeric fields, for finding problems that converge alike."""
+    """The problem's positive numeric fields, for finding problems that converge alike.
+
+    Private attributes are no fields: plugins cache derived values on a
+    problem (``_largest``, ``_expected_bandwidth``), and counted as fields
+    they changed a problem's key between its first call and its second.
+    """
     found = {}
     for name, value in getattr(problem, "__dict__", {}).items():
+        if name.startswith("_"):
+            continue
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value):
             found[name] = float(value)
     return found
