@@ -4,7 +4,8 @@
 fresh planner that holds only the calibration) on held-out problems the
 calibration never measured, then times every implementation warm. Tracked:
 the regret of what the third call ran (``t_used / t_best - 1``, median and
-maximum), the loop's worst total over three times the best's, and the
+maximum), the loop's worst total over that of three calls naming the best
+implementation, and the
 models' pick alone. A rising number means the loop or the cost model no
 longer describes this machine.
 """
@@ -48,7 +49,7 @@ class AutoSelectionRegret:
     def track_loop_total_ratio(self, scores: dict[str, dict[str, float]], solver: str) -> float:
         return scores[solver]["max_loop_ratio"]
 
-    track_loop_total_ratio.unit = "three calls / (3 t_best)"
+    track_loop_total_ratio.unit = "three calls / three calls naming the best"
 
     def track_model_pick_max_regret(self, scores: dict[str, dict[str, float]], solver: str) -> float:
         return scores[solver]["max_regret"]

@@ -74,3 +74,13 @@ def empty_cache(tmp_path, monkeypatch):
     timings.forget()
     yield tmp_path / "cache"
     timings.forget()
+
+
+@pytest.fixture(scope="module")
+def coadd(tmp_path_factory):
+    """A 10-spectrum synthetic DESI-like coadd (``crossover synth-coadd``), for the fit-spectra tests."""
+    from core.cli import main
+
+    path = tmp_path_factory.mktemp("coadd") / "coadd.fits"
+    assert main(["synth-coadd", str(path), "-n", "10", "--seed", "4", "--snr-min", "15", "--snr-max", "60"]) == 0
+    return path

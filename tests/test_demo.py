@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+from test_cli_output import _Clock
 
 import core
 from core.cli import _print_demo, main
@@ -211,22 +212,6 @@ def test_the_real_keys_are_never_cut_at_80_or_100_columns(capsys, monkeypatch, c
     assert keys <= {cell.strip() for cell in shown}
     assert sum(line.startswith("auto chose ") for line in out.splitlines()) == len(sections)
 
-
-class _Clock:
-    """A stderr that remembers when each line was written (from any thread)."""
-
-    def __init__(self):
-        self.lines: list[tuple[float, str]] = []
-
-    def write(self, text: str) -> int:
-        self.lines += [(time.monotonic(), line) for line in text.splitlines() if line]
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
 
 
 def test_a_wait_over_two_seconds_says_how_long_so_far(fresh_registry, empty_cache, monkeypatch, capsys):

@@ -35,13 +35,6 @@ SOLVE = core.solve  # the real one, before any test replaces it
 
 
 @pytest.fixture(scope="module")
-def coadd(tmp_path_factory):
-    path = tmp_path_factory.mktemp("coadd") / "coadd.fits"
-    assert main(["synth-coadd", str(path), "-n", "10", "--seed", "4", "--snr-min", "15", "--snr-max", "60"]) == 0
-    return path
-
-
-@pytest.fixture(scope="module")
 def reference(coadd, tmp_path_factory):
     out = tmp_path_factory.mktemp("reference") / "out.fits"
     assert main(["fit-spectra", str(coadd), "-o", str(out), "--backend", "numba", "--batch", "4"]) == 0
