@@ -16,7 +16,15 @@ from core.costmodel.calibrate import measure_outputs
 from core.costmodel.features import model_features
 from core.costmodel.plan import plan, recent_free_memory
 from core.costmodel.planner import accepts_planner, current
-from core.costmodel.race import SHORT_RUN, SPREAD_AFTER, Step, band_of, next_step, short_run_sample
+from core.costmodel.race import (
+    SHORT_RUN,
+    SPREAD_AFTER,
+    Step,
+    band_of,
+    next_step,
+    short_run_sample,
+    worth_confirming,
+)
 from core.costmodel.warmup import tier_up, using
 from core.errors import (
     AutoSelectionError,
@@ -160,6 +168,16 @@ def _step(spec: SolverSpec, decision: Plan, nominal: Mapping[str, float], expect
     return next_step(estimated, race, decision.backend, calls_left)
 
 
+def _worth_confirming(decision: Plan, race: Any, used: str) -> bool:
+    """Whether this call's run, the first warm one of ``used`` here, is run again now (race.worth_confirming)."""
+    model = decision.predictions.get(used)
+    if model is None or model.seconds is None or model.samples:  # the plan already held runs: no model alone
+        return False
+    others = {key: band_of(p.seconds, p.error or 0.0, p.samples) for key, p in decision.predictions.items()
+              if key != used and key not in decision.excluded and p.seconds is not None}
+    return worth_confirming((model.seconds, model.error or 0.0), race.warm.get(used, []), others)
+
+
 @accepts_planner
 def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
           expected_calls: float | None = None, max_seconds: float | None = None,
@@ -215,6 +233,8 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     # a sample worth repeating a short run for: the loop is still deciding, and has few runs of this one
     sampling = planning != "estimate" and step.contested and len(race.warm.get(used, [])) < SPREAD_AFTER
     outputs, seconds, cold = _run(spec, used, problem, nominal, sampling, first_touch)
+    if planning != "estimate" and not cold and _worth_confirming(decision, race, used):
+        _run(spec, used, problem, nominal, sampling)  # its outputs are the same: the timing is what counts
     predicted = decision.predictions.get(used)
     return Result(solver=spec.name, backend=used, seconds=seconds, outputs=outputs, plan=decision,
                   diagnostics={"problem": type(problem).__name__, "first_call": cold, "step": step.reason,

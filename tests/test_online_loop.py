@@ -351,6 +351,51 @@ def test_the_first_call_on_a_problem_is_no_warm_sample(clean):
     assert [r.backend for r in used] == ["device"] * 3 and used[0].seconds > 0.05
 
 
+def _timed(seconds_of_run, runs):
+    """An implementation whose k-th run (counting from 0) takes ``seconds_of_run(k)``; ``runs`` counts them."""
+    def run(problem):
+        time.sleep(seconds_of_run(len(runs)))
+        runs.append(problem.n)
+        return {"n": np.array(problem.n)}
+
+    return run
+
+
+def test_a_lone_run_above_its_band_is_confirmed_in_the_same_call_when_it_decides_something(clean):
+    # device's model says 10 ms; in truth it takes 40 ms (the model missed), serial 20 ms as modelled
+    runs: list = []
+    (spec,) = _install(_spec("synthetic.confirm", {"device": _timed(lambda k: 0.04, runs),
+                                                   "serial": _sleeper(0.02)}))
+    _calibrate(spec, "device", lambda p: 1.0e-2, GRID)
+    _calibrate(spec, "serial", lambda p: 2.0e-2, GRID)
+    problem = GridProblem(2_000, 9)
+    used = [core.solve(problem, solver=spec.name, expected_calls=math.inf).backend for _ in range(3)]
+    # call 1 touches the problem first; call 2's warm run lies above the band and is run again at once
+    assert used == ["device", "device", "serial"] and len(runs) == 3
+
+
+def test_a_confirmed_fast_leader_keeps_the_lead_after_one_slow_run(clean):
+    # device's first warm run (say a CUDA graph's first replay) takes 4x; the run that confirms it does not
+    runs: list = []
+    (spec,) = _install(_spec("synthetic.replay", {"device": _timed(lambda k: 0.04 if k == 1 else 0.01, runs),
+                                                  "serial": _sleeper(0.02)}))
+    _calibrate(spec, "device", lambda p: 1.0e-2, GRID)
+    _calibrate(spec, "serial", lambda p: 2.0e-2, GRID)
+    problem = GridProblem(2_000, 9)
+    used = [core.solve(problem, solver=spec.name, expected_calls=math.inf).backend for _ in range(4)]
+    assert used == ["device"] * 4 and len(runs) == 5
+
+
+def test_a_lone_slow_run_that_decides_nothing_is_not_run_again(clean):
+    runs: list = []
+    (spec,) = _install(_spec("synthetic.alone", {"device": _timed(lambda k: 0.04, runs), "serial": _sleeper(0.5)}))
+    _calibrate(spec, "device", lambda p: 1.0e-2, GRID)
+    _calibrate(spec, "serial", lambda p: 0.5, GRID)  # far behind even the slow runs
+    problem = GridProblem(2_000, 9)
+    used = [core.solve(problem, solver=spec.name, expected_calls=math.inf).backend for _ in range(3)]
+    assert used == ["device"] * 3 and len(runs) == 3
+
+
 @pytest.mark.parametrize(("call", "message"), [
     (lambda kept: core.solve(GridProblem(10), planner="fresh"),
      "planner='fresh' is invalid: must be a core.Planner, or None for the current one"),

@@ -4,14 +4,16 @@ Held-out problems are seeded random points of the solver's size space that
 calibration never measured, plus a few beyond the top of its size axis
 (:func:`core.costmodel.design.held_out_problems`). On each problem:
 
-1. **The real loop.** A fresh :class:`~core.costmodel.planner.Planner`
+1. **The real loop**, on every problem in turn. A fresh :class:`~core.costmodel.planner.Planner`
    holding only the calibration (no solve history, no races, nothing
    measured; this process's paid one-offs are facts and stay) is made
    current, and ``core.solve(problem, expected_calls=inf)`` runs ``calls``
    times (default 3), as a user's loop would. Each call's implementation,
    time and whether it explored are kept.
-2. **The truth.** Then every runnable implementation is timed warm (the
-   best of three rounds taken seconds apart, :func:`best_of_rounds`).
+2. **The truth.** Then every runnable implementation is timed warm on
+   every problem (the best of three rounds, each round across all the
+   problems, so one implementation's rounds on a problem lie seconds
+   apart: :func:`best_of_rounds`).
 
 Synthetic inputs are generated before the loop (:func:`hold_inputs`), as a
 user holds their data before the first call. It reports, per problem: each
@@ -56,6 +58,8 @@ class EvaluationRow:
     predicted: dict[str, tuple[float | None, str]] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)  # what core.solve ran, call after call
     call_seconds: list[float] = field(default_factory=list)  # each call's wall time (cold ones included)
+    # each call's Result.seconds (the run that answered it): the wall time less this is core.solve's own
+    call_kernel_seconds: list[float] = field(default_factory=list)
     explored: list[bool] = field(default_factory=list)
     # the same number of core.solve calls naming the best implementation: what a user who knew it would pay
     best_call_seconds: list[float] = field(default_factory=list)
@@ -299,10 +303,11 @@ def evaluate(solver: str, quick: bool = True, repeats: int = 3, count: int = 12,
     report = Evaluation(spec.name, calls)
     fields = list(spec.space(quick).ranges) + list(spec.space(quick).choices) if spec.space else [spec.size_axis]
     problems = list(held_out_problems(spec, quick, count=count, seed=seed))
-    shown = None if progress is False else Progress(f"evaluating {spec.name}", len(problems), "held-out problems")
+    shown = None if progress is False else Progress(f"evaluating {spec.name}", 2 * len(problems),
+                                                    "steps (a loop per problem, then its truth)")
     if shown is not None and shown.bar is None:
         shown.say(f"evaluating {spec.name}: paying this process's one-offs, then {len(problems)} held-out problems "
-                  f"({calls} core.solve calls each, then every implementation timed)")
+                  f"({calls} core.solve calls each; then every implementation timed on all of them)")
     try:
         return _evaluate(spec, report, problems, quick, repeats, calls, fields, shown)
     finally:
@@ -312,15 +317,32 @@ def evaluate(solver: str, quick: bool = True, repeats: int = 3, count: int = 12,
 
 def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, repeats: int, calls: int,
               fields: list[str], shown: Progress | None) -> Evaluation:
+    """The loops first, every problem's; then the truth for all of them at once; then the calls naming the best.
+
+    The truth's rounds run across every problem (round ``r`` of each before
+    round ``r + 1`` of any, :func:`best_of_rounds`), so one implementation's
+    rounds on a problem lie seconds apart: on the 2-core VM a two-thread
+    kernel ran 2.6-5x its speed for spells of a second or more, and three
+    rounds taken one after another all fell in one spell (a 0.14 ms
+    numba:threads run timed at 0.57 ms, and the loop's right pick scored
+    304 % regret).
+    """
     settled = warm_the_process(spec, quick)
+    loops = []
     for problem in problems:
         hold_inputs(problem)
         # the loop first, as a user meets the problem: nothing here has run it yet
-        decision, results, walls = run_loop(spec, problem, calls)
+        loops.append(run_loop(spec, problem, calls))
+        if shown is not None:
+            shown.advance()
+    cases = []
+    for problem, (decision, results, _) in zip(problems, loops):
         runnable = worth_timing(decision, {r.backend for r in results})
         settle(spec, [key for key in runnable if key not in settled], problem)
         settled.update(runnable)
-        (seconds,) = best_of_rounds(spec, [(problem, runnable)], repeats)
+        cases.append((problem, runnable))
+    truths = best_of_rounds(spec, cases, repeats)
+    for problem, (decision, results, walls), seconds in zip(problems, loops, truths):
         best = min(seconds, key=seconds.get)
         # the user who knew the answer: the same calls naming it, with no loop to run
         *_, best_walls = run_loop(spec, problem, calls, backend=best, planning="estimate")
@@ -329,7 +351,7 @@ def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, r
             chosen=decision.backend, best=best, regret=seconds[decision.backend] / seconds[best] - 1,
             confident=decision.confident,
             predicted={key: (decision.predictions[key].seconds, decision.predictions[key].status) for key in seconds},
-            calls=[r.backend for r in results], call_seconds=walls,
+            calls=[r.backend for r in results], call_seconds=walls, call_kernel_seconds=[r.seconds for r in results],
             explored=[bool(r.diagnostics.get("explored")) for r in results], best_call_seconds=best_walls))
         if shown is not None:
             shown.advance()
