@@ -40,6 +40,7 @@ from tests.test_selection import GRID, GridProblem, _calibrate, _install, _spec
 @pytest.fixture
 def clean(fresh_registry, empty_cache):
     yield
+    race_rule._estimate.cache_clear()  # a test may have planted a broken rule under the memo
 
 
 # -- the rule, on the pure function ---------------------------------------------------------
@@ -264,6 +265,7 @@ def test_evaluate_catches_a_loop_that_keeps_the_cold_sample(clean, monkeypatch):
     monkeypatch.setattr(race_rule, "without_slow_outliers", lambda samples: samples)
     monkeypatch.setattr(race_rule, "outlier_reach", lambda error: math.inf)
     monkeypatch.setattr(race_rule, "lone_reach", lambda error: math.inf)
+    race_rule._estimate.cache_clear()  # estimates are memoised: forget those made under the sound rule
     seen.clear()
     broken = evaluate(spec.name, count=3, repeats=3, seed=7, calls=4)
     assert broken.max_final_regret > 0.3, [row.calls for row in broken.rows]

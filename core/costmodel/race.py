@@ -59,6 +59,7 @@ The rule, pinned by ``tests/test_online_loop.py`` and stated in
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Callable, Mapping
@@ -172,8 +173,14 @@ def worth_confirming(model: tuple[float, float] | None, samples: list[float],
 
 def estimate(model: tuple[float, float] | None, samples: list[float]) -> Band:
     """The precision-weighted mean, in log time, of a model's (cost, error) and warm samples."""
+    # memoised: each call of core.solve estimates every contender, and only the one that ran has a new sample
+    return _estimate(None if model is None else (float(model[0]), float(model[1])), tuple(samples))
+
+
+@functools.lru_cache(maxsize=1024)
+def _estimate(model: tuple[float, float] | None, samples: tuple[float, ...]) -> Band:
     weights, terms = 0.0, 0.0
-    positive = without_slow_outliers([s for s in samples if s > 0])
+    positive = without_slow_outliers([float(s) for s in samples if s > 0])
     if unconfirmed(model, positive):
         # a lone run above its model's band: run it again before trusting it. A second call that
         # replayed a CUDA graph for the first time, or met a busy spell, took 2-4x: trusted at once, it
