@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from core.costmodel.fit import Sample, fit
@@ -81,12 +83,22 @@ def test_a_backend_is_timed_only_after_the_last_ones_spinning_threads_had_a_paus
     from core.costmodel import calibrate as calibration
 
     pauses = []
-    monkeypatch.setattr(calibration.time, "sleep", pauses.append)
+    monkeypatch.setattr(calibration, "hold_the_core", pauses.append)
     monkeypatch.setattr(calibration, "_last_measured", [])
     for backend in ("numpy", "numba", "numba", "torch", "torch", "process", "numpy", "numpy"):
         calibration._quiet_after_spinners(backend)
     # after numpy (before numba) and after torch (before process): never within a backend or after numba
     assert pauses == [calibration.QUIET_SECONDS] * 2
+
+
+def test_the_pause_keeps_the_core_busy(monkeypatch):
+    # asleep, the host's cores go idle and a two-thread kernel then runs slow for tens of ms (the VM)
+    from core.costmodel import calibrate as calibration
+
+    monkeypatch.setattr(calibration.time, "sleep", lambda seconds: pytest.fail("the pause slept"))
+    began_cpu, began = time.process_time(), time.perf_counter()
+    calibration.hold_the_core(0.05)
+    assert time.perf_counter() - began >= 0.05 and time.process_time() - began_cpu > 0.02
 
 
 _COMPILED: list[bool] = []

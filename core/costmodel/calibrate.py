@@ -141,9 +141,27 @@ def measure_outputs(spec: SolverSpec, implementation: str, problem: Any,
 def _quiet_after_spinners(backend: str) -> None:
     """Pause :data:`QUIET_SECONDS` when the last backend measured here left spinning threads behind."""
     if _last_measured and _last_measured[0] != backend and _last_measured[0] in SPINNING_BACKENDS:
-        time.sleep(QUIET_SECONDS)
+        hold_the_core(QUIET_SECONDS)
         _paused[0] += QUIET_SECONDS
     _last_measured[:] = [backend]
+
+
+def hold_the_core(seconds: float) -> None:
+    """Wait ``seconds`` busy, not asleep.
+
+    A process that sleeps lets its cores go idle, and on the 2-core VM a
+    two-thread Numba kernel then ran 1.4-1.7x slower for the next ~50 ms
+    (a spectra fit: 11-13 ms for five runs after a 0.15 s sleep, then
+    7.7 ms; after a busy 0.15 s only the first run was slow, which a
+    measurement's warm-up absorbs; a linreg kernel run after each of
+    repeated 20 ms sleeps took 2.6x). Slept, this pause put
+    ``numba:threads`` in that state for every timing that followed a NumPy
+    one: the truth of ``crossover evaluate`` scored the loop's right pick
+    at 30 % regret, and calibration samples came out high.
+    """
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int = 3) -> float:

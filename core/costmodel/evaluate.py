@@ -344,6 +344,7 @@ def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, r
     truths = best_of_rounds(spec, cases, repeats)
     for problem, (decision, results, walls), seconds in zip(problems, loops, truths):
         best = min(seconds, key=seconds.get)
+        hold_inputs(problem)  # again: a plugin may keep only its latest inputs (ml's synthetic data keeps two)
         # the user who knew the answer: the same calls naming it, with no loop to run
         *_, best_walls = run_loop(spec, problem, calls, backend=best, planning="estimate")
         report.rows.append(EvaluationRow(
