@@ -233,11 +233,15 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     # a sample worth repeating a short run for: the loop is still deciding, and has few runs of this one
     sampling = planning != "estimate" and step.contested and len(race.warm.get(used, [])) < SPREAD_AFTER
     outputs, seconds, cold = _run(spec, used, problem, nominal, sampling, first_touch)
+    confirmed = None
     if planning != "estimate" and not cold and _worth_confirming(decision, race, used):
-        _run(spec, used, problem, nominal, sampling)  # its outputs are the same: the timing is what counts
+        # its outputs are the same: the timing is what counts
+        confirmed = _run(spec, used, problem, nominal, sampling)[1]
     predicted = decision.predictions.get(used)
     return Result(solver=spec.name, backend=used, seconds=seconds, outputs=outputs, plan=decision,
-                  diagnostics={"problem": type(problem).__name__, "first_call": cold, "step": step.reason,
+                  diagnostics={"problem": type(problem).__name__, "first_call": cold,
+                               "step": step.reason + (f"; ran again to confirm its {seconds:.3g} s: {confirmed:.3g} s"
+                                                      if confirmed is not None else ""),
                                "explored": step.explore},
                   predicted_seconds=None if predicted is None else predicted.seconds)
 

@@ -421,3 +421,33 @@ def test_a_value_a_plugin_caches_on_a_problem_is_no_field():
     before = planning.numeric_fields(problem)
     object.__setattr__(problem, "_derived", 3.5)  # as plugins cache derived values on frozen problems
     assert planning.numeric_fields(problem) == before
+
+
+def _reference_distance(here, there):
+    # the definition the planner's numpy search must reproduce
+    shared = [name for name in here if name in there and there[name] > 0]
+    if not shared:
+        return math.inf
+    return sum(math.log(here[name] / there[name]) ** 2 for name in shared) + (len(here) - len(shared))
+
+
+def test_the_nearest_work_observations_are_those_of_the_distance_in_order():
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(5)
+    names = ["N", "Nx", "rtol", "max_iter"]
+    seen = []
+    for _ in range(60):
+        fields = {n: float(v) for n, v in zip(names, rng.choice([10.0, 20.0, 1e-3, 1e-4, 5.0], size=4))
+                  if rng.random() > 0.2}
+        seen.append((fields, {"work": 1.0}))
+    seen.append(({"other": 3.0}, {"work": 1.0}))  # shares nothing
+    planner = Planner(persist=False)
+    spec = SimpleNamespace(name="synthetic.work")
+    for _ in range(3):
+        here = {n: float(v) for n, v in zip(names, rng.choice([10.0, 20.0, 1e-3, 5.0], size=4))}
+        expected = sorted(range(len(seen)), key=lambda i: _reference_distance(here, seen[i][0]))[:5]
+        assert planner._nearest_work(spec, seen, here) == expected
+        seen.append(({"N": 10.0}, {"work": 2.0}))  # a new observation: the table is rebuilt
+        expected = sorted(range(len(seen)), key=lambda i: _reference_distance(here, seen[i][0]))[:5]
+        assert planner._nearest_work(spec, seen, here) == expected

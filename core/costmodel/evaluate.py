@@ -61,6 +61,7 @@ class EvaluationRow:
     # each call's Result.seconds (the run that answered it): the wall time less this is core.solve's own
     call_kernel_seconds: list[float] = field(default_factory=list)
     explored: list[bool] = field(default_factory=list)
+    steps: list[str] = field(default_factory=list)  # why each call ran what it ran (Result.diagnostics["step"])
     # the same number of core.solve calls naming the best implementation: what a user who knew it would pay
     best_call_seconds: list[float] = field(default_factory=list)
 
@@ -353,7 +354,8 @@ def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, r
             confident=decision.confident,
             predicted={key: (decision.predictions[key].seconds, decision.predictions[key].status) for key in seconds},
             calls=[r.backend for r in results], call_seconds=walls, call_kernel_seconds=[r.seconds for r in results],
-            explored=[bool(r.diagnostics.get("explored")) for r in results], best_call_seconds=best_walls))
+            explored=[bool(r.diagnostics.get("explored")) for r in results],
+            steps=[str(r.diagnostics.get("step", "")) for r in results], best_call_seconds=best_walls))
         if shown is not None:
             shown.advance()
     return report
