@@ -323,10 +323,9 @@ def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, r
     The truth's rounds run across every problem (round ``r`` of each before
     round ``r + 1`` of any, :func:`best_of_rounds`), so one implementation's
     rounds on a problem lie seconds apart: on the 2-core VM a two-thread
-    kernel ran 2.6-5x its speed for spells of a second or more, and three
-    rounds taken one after another all fell in one spell (a 0.14 ms
-    numba:threads run timed at 0.57 ms, and the loop's right pick scored
-    304 % regret).
+    kernel ran up to 4x slow for stretches that outlasted three rounds taken
+    one after another (a 0.14 ms numba:threads run timed at 0.57 ms in all
+    three, and the loop's right pick scored 304 % regret).
     """
     settled = warm_the_process(spec, quick)
     loops = []
