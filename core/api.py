@@ -25,7 +25,7 @@ from core.costmodel.race import (
     short_run_sample,
     worth_confirming,
 )
-from core.costmodel.warmup import tier_up, using
+from core.costmodel.warmup import tier_up, using, warming
 from core.errors import (
     AutoSelectionError,
     BackendUnavailableError,
@@ -115,11 +115,15 @@ def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[s
     its arrays' pages, cold caches: a 116 ms linreg kernel took 353 ms on
     its first call on the VM, and the loop then left it for one 1.9x
     slower), so it is no warm sample for the loop, unless it was repeated.
+
+    A run that overlapped a background warm-up (:func:`~core.costmodel.warmup.tier_up`)
+    is kept apart as cold too: the warm-up shared its cores.
     """
     planner = current()
     planner.start_backend(get_registry().backends[backend_of(implementation)])
     first = not planner.is_paid(spec, implementation, problem)
     cold = first and planner.implementation_one_off(spec, implementation, problem) > 0
+    overlapped = warming()  # a background warm-up (tier_up) shares the cores with this run
     # with no calibration to say what a first run owes, the loop does not take it as warm either: an
     # uncalibrated solver's first numba call compiled for 0.09 s in the demo, and as a warm sample it made
     # auto pick a slower implementation (the model's history may keep it: it has no calibration to bias)
@@ -130,8 +134,12 @@ def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[s
         if sampling and not cold and seconds < SHORT_RUN:  # the repeats came after the first touch
             sample, first_touch = short_run_sample(lambda: run_once(spec, implementation, problem)[1]), False
     planner.mark_paid(spec, implementation, problem)
-    planner.observe(spec, implementation, problem, sample, outputs, cold, nominal, first_touch)
-    if first and (fitted := planner.model(spec, implementation)) is not None:
+    # a run beside a background warm-up is no sample of this implementation's speed: in a fresh process
+    # numpy's FP solve took 0.37 s while numba loaded beside it, 0.16 s alone, and as a warm sample it cost
+    # a confirming run and moved the loop
+    contended = overlapped or warming()
+    planner.observe(spec, implementation, problem, sample, outputs, cold or contended, nominal, first_touch)
+    if first and not contended and (fitted := planner.model(spec, implementation)) is not None:
         # a first call's excess over the steady-state model is this process's one-off cost,
         # when the model can be trusted here (an extrapolation would blame its own error)
         predicted, extrapolated = fitted.predict(model_features(spec, problem, implementation))

@@ -451,3 +451,31 @@ def test_the_nearest_work_observations_are_those_of_the_distance_in_order():
         seen.append(({"N": 10.0}, {"work": 2.0}))  # a new observation: the table is rebuilt
         expected = sorted(range(len(seen)), key=lambda i: _reference_distance(here, seen[i][0]))[:5]
         assert planner._nearest_work(spec, seen, here) == expected
+
+
+def test_a_process_with_no_record_of_its_calls_expects_a_few(clean):
+    # device is 4x faster once warm but owes a 40 ms one-off: one call would not pay it, four would
+    (spec,) = _install(_spec("synthetic.prior", {"device": _sleeper(0.005), "serial": _sleeper(0.02)}))
+    _calibrate(spec, "device", lambda p: 5e-3, GRID, one_off=0.04)
+    _calibrate(spec, "serial", lambda p: 2e-2, GRID)
+    problem = GridProblem(1_000, 10)
+    assert current().past_calls(spec) is None
+    assert core.plan(problem, solver=spec.name).backend == "device"
+    assert core.plan(problem, solver=spec.name, expected_calls=1).backend == "serial"
+
+
+def test_a_run_beside_a_background_warm_up_is_no_warm_sample(clean, monkeypatch):
+    import core.api
+
+    (spec,) = _install(_spec("synthetic.contended", {"device": _sleeper(0.005), "serial": _sleeper(0.02)}))
+    _calibrate(spec, "device", lambda p: 5e-3, GRID)
+    _calibrate(spec, "serial", lambda p: 2e-2, GRID)
+    problem = GridProblem(1_000, 10)
+    monkeypatch.setattr(core.api, "warming", lambda: True)
+    for _ in range(3):
+        core.solve(problem, solver=spec.name, expected_calls=math.inf)
+    race = current().race(spec, spec.features(problem))
+    assert not race.warm.get("device") and len(race.cold["device"]) == 3
+    monkeypatch.setattr(core.api, "warming", lambda: False)
+    core.solve(problem, solver=spec.name, expected_calls=math.inf)
+    assert len(race.warm["device"]) == 1

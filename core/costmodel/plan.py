@@ -85,13 +85,25 @@ def choose(costs: Mapping[str, float], simplicity: Mapping[str, int],
     return min(near, key=lambda name: (simplicity.get(name, 50), costs[name]))
 
 
+UNRECORDED_CALLS = 4.0
+"""The calls a process is expected to make of a solver when no earlier process's count is recorded.
+
+With 1, the first process after a calibration ran numpy for FP at N=50,000
+(0.18 s a call) until the calls made had paid numba's one-off (0.35 s),
+and its eight calls took 1.55-2.1x numba's total (the 2-competitive
+rent-or-buy). With 4, an implementation owing a one-off is taken from the
+first call where four calls would pay for it: a loop gets it at once, and
+a script that calls once pays at most 4x that call in its first process
+only (later ones expect what earlier ones made)."""
+
+
 def effective_calls(spec: SolverSpec, expected_calls: float | None) -> float:
-    """The calls one-off costs are spread over: the caller's count, else what earlier processes made;
-    never fewer than the calls made so far."""
+    """The calls one-off costs are spread over: the caller's count, else what earlier processes made
+    (:data:`UNRECORDED_CALLS` before any); never fewer than the calls made so far."""
     if expected_calls is not None and not expected_calls > 0:  # also refuses NaN; inf ignores one-offs
         raise AutoSelectionError(f"expected_calls={expected_calls!r} is invalid: must be > 0")
     planner = current()
-    prior = expected_calls if expected_calls is not None else (planner.past_calls(spec) or 1.0)
+    prior = expected_calls if expected_calls is not None else (planner.past_calls(spec) or UNRECORDED_CALLS)
     return max(float(prior), float(planner.calls(spec)))
 
 

@@ -12,7 +12,8 @@ The rule, pinned by ``tests/test_online_loop.py`` and stated in
    shape, a cache to fill: what calibration measured as a first run's
    excess) is kept apart as *cold* and never compared with warm samples,
    and so is the first call on a problem (it touches the problem's memory
-   first, for every implementation after it). Each implementation keeps
+   first, for every implementation after it), and a run beside a
+   background warm-up (it shared the cores). Each implementation keeps
    its last :data:`WINDOW` warm samples. While it has fewer than
    :data:`SPREAD_AFTER` and another contender could still be faster (the
    step is *contested*), a run shorter than

@@ -113,6 +113,11 @@ def tier_up(spec: SolverSpec, decision: Plan) -> str | None:
     return None
 
 
+def warming() -> bool:
+    """Whether a background warm-up is running in this process now."""
+    return any(thread.is_alive() for thread in list(_warming.values()))
+
+
 def wait(timeout: float | None = None) -> None:
     """Wait for background warm-ups (tests, and the process's exit)."""
     for thread in list(_warming.values()):
