@@ -56,6 +56,7 @@ class EvaluationRow:
     confident: bool = True
     # what each model predicted (seconds, and its status), to tell a model's miss from a timing's
     predicted: dict[str, tuple[float | None, str]] = field(default_factory=dict)
+    predicted_error: dict[str, float | None] = field(default_factory=dict)  # each model's relative error
     calls: list[str] = field(default_factory=list)  # what core.solve ran, call after call
     call_seconds: list[float] = field(default_factory=list)  # each call's wall time (cold ones included)
     # each call's Result.seconds (the run that answered it): the wall time less this is core.solve's own
@@ -352,6 +353,7 @@ def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, r
             chosen=decision.backend, best=best, regret=seconds[decision.backend] / seconds[best] - 1,
             confident=decision.confident,
             predicted={key: (decision.predictions[key].seconds, decision.predictions[key].status) for key in seconds},
+            predicted_error={key: decision.predictions[key].error for key in seconds},
             calls=[r.backend for r in results], call_seconds=walls, call_kernel_seconds=[r.seconds for r in results],
             explored=[bool(r.diagnostics.get("explored")) for r in results],
             steps=[str(r.diagnostics.get("step", "")) for r in results], best_call_seconds=best_walls))
