@@ -30,8 +30,7 @@ from core.cli import main
 from plugins.spectra import cli
 from plugins.spectra.cli import checkpoint_path
 from plugins.spectra.fitsio import RESULT_COLUMNS, read_coadd, read_results
-
-SOLVE = core.solve  # the real one, before any test replaces it
+from tests.test_spectra_resume import Solves
 
 
 @pytest.fixture(scope="module")
@@ -59,21 +58,6 @@ def one_error(err: str) -> str:
     errors = [line for line in err.splitlines() if line.startswith("crossover: error:")]
     assert len(errors) == 1, err
     return errors[0]
-
-
-class Solves:
-    """``core.solve`` wrapped: records each batch's TARGETIDs, and raises Ctrl-C at batch ``stop_at``."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, stop_at: int | None = None):
-        self.batches: list[list[int]] = []
-        self.stop_at = stop_at
-        monkeypatch.setattr(core, "solve", self)
-
-    def __call__(self, problem, **kwargs):
-        if len(self.batches) == self.stop_at:
-            raise KeyboardInterrupt
-        self.batches.append([int(t) for t in problem.spectra.targetid])
-        return SOLVE(problem, **kwargs)
 
 
 # -- 1. a refused run leaves nothing that blocks the next ------------------------------------------
