@@ -11,7 +11,10 @@ copy). The goal: at most 0.3 ms, or 2 % of the solve.
 ``track_overhead_fraction`` divides it by the solve's median time.
 
 Run it without asv too: ``python asv_benchmarks/bench_solve_overhead.py``
-(a quick calibration of each solver first, in a temporary wisdom store).
+(a quick calibration of each solver first, in a temporary wisdom store);
+``--profile`` adds where the steady-state calls spend their time (each
+phase's wall time, then cProfile's top functions by their own and their
+cumulative time), to find what a host adds.
 """
 
 from __future__ import annotations
@@ -83,14 +86,71 @@ class SolveOverhead:
     track_overhead_fraction.unit = "overhead / kernel seconds"
 
 
+def _profile(solver: str, top: int = 25) -> None:
+    """Print where steady-state calls of ``solver`` spend their time, by each function's own time."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    steady_overhead(solver)
+    profiler.disable()
+    stats = pstats.Stats(profiler, stream=sys.stdout)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+
+
+def _phases(solver: str) -> None:
+    """Print the mean wall time per call of each phase of ``core.solve`` (wrapped, so no profiler inflates it)."""
+    import core.api as api
+    from core.costmodel.planner import Planner
+
+    spent: dict[str, float] = {}
+
+    def timed(name, function):
+        def wrapper(*args, **kwargs):
+            began = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - began
+        return wrapper
+
+    originals = {name: getattr(api, name) for name in ("plan", "_step", "_refuse_if_too_long", "_run", "run_once")}
+    observe = Planner.observe
+    for name, function in originals.items():
+        setattr(api, name, timed(name, function))
+    Planner.observe = timed("observe", observe)
+    try:
+        began = time.perf_counter()
+        steady_overhead(solver)
+        total = time.perf_counter() - began
+    finally:
+        for name, function in originals.items():
+            setattr(api, name, function)
+        Planner.observe = observe
+    calls = WARM_CALLS + TIMED_CALLS
+    inner = spent["_run"] - spent["run_once"] - spent["observe"]
+    rows = {"plan": spent["plan"], "loop step": spent["_step"], "time limit check": spent["_refuse_if_too_long"],
+            "observe": spent["observe"], "_run, less kernel and observe": inner,
+            "solve, less the above and _run": total - spent["plan"] - spent["_step"]
+            - spent["_refuse_if_too_long"] - spent["_run"]}
+    for name, seconds in rows.items():
+        print(f"    {name:32s} {1e3 * seconds / calls:7.3f} ms a call")
+
+
 def main() -> None:
+    names = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
     bench = SolveOverhead()
     directory = bench.setup_cache()
-    for solver in sys.argv[1:] or PROBLEMS:
+    for solver in names or PROBLEMS:
         bench.setup(directory, solver)
         overhead, kernel = steady_overhead(solver)
         print(f"{solver:22s} overhead {overhead * 1e3:7.3f} ms  kernel {kernel * 1e3:8.3f} ms  "
               f"({overhead / kernel:.1%} of the solve)")
+        if "--profile" in sys.argv:
+            _phases(solver)
+            _profile(solver)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ This is the top of the core: nothing below imports it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,13 +16,16 @@ from core.backend import Availability, safe_describe
 from core.costmodel.calibrate import measure_outputs
 from core.costmodel.features import model_features
 from core.costmodel.plan import plan, recent_free_memory
-from core.costmodel.planner import accepts_planner, current
+from core.costmodel.planner import accepts_planner, current, numeric_fields
 from core.costmodel.race import (
     SHORT_RUN,
     SPREAD_AFTER,
+    Settled,
     Step,
     band_of,
     next_step,
+    settled_step,
+    settles,
     short_run_sample,
     worth_confirming,
 )
@@ -176,6 +180,20 @@ def _step(spec: SolverSpec, decision: Plan, nominal: Mapping[str, float], expect
     return next_step(estimated, race, decision.backend, calls_left)
 
 
+def _settled(spec: SolverSpec, problem: Any, race: Any, key: tuple) -> Settled | None:
+    """The settled step this call reuses (race.settled_step), if the leader can still run this problem here."""
+    settled = settled_step(race, key)
+    if settled is None or exclusion(spec, problem, settled.step.implementation, recent_free_memory()):
+        return None  # the full plan says why it cannot (the data, or the memory free now)
+    return settled
+
+
+def _ceiling(decision: Plan, used: str) -> float:
+    """The lowest estimate of any contender but ``used``, as :func:`_step` saw them (one-offs spread)."""
+    return min((p.seconds + p.one_off_seconds / decision.expected_calls for key, p in decision.predictions.items()
+                if key != used and key not in decision.excluded and p.seconds is not None), default=math.inf)
+
+
 def _worth_confirming(decision: Plan, race: Any, used: str) -> bool:
     """Whether this call's run, the first warm one of ``used`` here, is run again now (race.worth_confirming)."""
     model = decision.predictions.get(used)
@@ -220,19 +238,25 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     planner = current()
     planner.count_call(spec)
     nominal = spec.features(problem)
-    if backend == "auto":
-        decision = plan(problem, solver=spec.name, expected_calls=expected_calls, calibrate=True, explain=False)
-        tier_up(spec, decision)
+    race = planner.race(spec, nominal)
+    settled_key = (tuple(sorted(numeric_fields(problem).items())), planner.epoch, expected_calls)
+    settled = _settled(spec, problem, race, settled_key) if backend == "auto" and planning == "race" else None
+    if settled is not None:  # nothing left to decide on this problem: the settled step again, unplanned
+        decision, step = settled.plan, settled.step
     else:
-        decision = _named(spec, problem, backend, expected_calls)
-    if planning == "measure" and decision.measure:
-        _measure_close(spec, problem, decision, nominal)
-        only = None if backend == "auto" else list(decision.predictions)
-        decision = plan(problem, solver=spec.name, expected_calls=expected_calls, explain=False, only=only)
-    step = _step(spec, decision, nominal, expected_calls, planning)
+        if backend == "auto":
+            decision = plan(problem, solver=spec.name, expected_calls=expected_calls, calibrate=True,
+                            explain=False)
+            tier_up(spec, decision)
+        else:
+            decision = _named(spec, problem, backend, expected_calls)
+        if planning == "measure" and decision.measure:
+            _measure_close(spec, problem, decision, nominal)
+            only = None if backend == "auto" else list(decision.predictions)
+            decision = plan(problem, solver=spec.name, expected_calls=expected_calls, explain=False, only=only)
+        step = _step(spec, decision, nominal, expected_calls, planning)
     used = step.implementation
     _refuse_if_too_long(spec, problem, decision, used, limit)
-    race = planner.race(spec, nominal)
     first_touch = race.calls == 0
     race.calls += 1
     race.explored += step.explore
@@ -245,11 +269,15 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     if planning != "estimate" and not cold and _worth_confirming(decision, race, used):
         # its outputs are the same: the timing is what counts
         confirmed = _run(spec, used, problem, nominal, sampling)[1]
+    if settled is None and backend == "auto" and planning == "race":
+        race.settled = (Settled(settled_key, step, _ceiling(decision, used), race.calls, decision)
+                        if settles(step, race) and not cold and confirmed is None else None)
     predicted = decision.predictions.get(used)
     return Result(solver=spec.name, backend=used, seconds=seconds, outputs=outputs, plan=decision,
                   diagnostics={"problem": type(problem).__name__, "first_call": cold,
                                "step": step.reason + (f"; ran again to confirm its {seconds:.3g} s: {confirmed:.3g} s"
-                                                      if confirmed is not None else ""),
+                                                      if confirmed is not None else "")
+                               + (f" (settled on call {settled.at}: not planned again)" if settled else ""),
                                "explored": step.explore},
                   predicted_seconds=None if predicted is None else predicted.seconds)
 

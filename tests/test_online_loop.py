@@ -157,6 +157,21 @@ def test_a_contender_known_only_by_its_model_needs_the_incumbent_above_its_band(
     assert _next(guesses, race, first="b").implementation == "b"
 
 
+def test_call_3_tries_the_contender_an_incumbent_far_off_its_model_holds_back():
+    # both models extrapolate (50 % error); a's first warm run (call 2) came in at 1.8x its model
+    guesses = {"a": (1.0, 0.5), "b": (1.0 / 1.03, 0.5)}
+    race = _race(calls=2)
+    race.leader = "a"
+    race.add("a", 1.8, cold=False)
+    step = _next(guesses, race)
+    assert bands(guesses, race)["a"].low > guesses["b"][0]  # b's model lies below a's whole band
+    assert step.implementation == "b" and step.explore
+    race.explored = 1  # ... once: a later call 3 of a race that already tried something keeps the schedule
+    assert _next(guesses, race).implementation == "a"
+    race.explored, race.warm["a"] = 0, [1.2]  # a run near its model: its noise, not its model, in doubt
+    assert _next(guesses, race).implementation == "a"
+
+
 def test_a_trial_must_pay_for_itself_within_the_calls_already_run():
     # b is likely slower (1.2 against 1.0) but uncertain: its expected saving per call is small
     guesses = {"a": (1.0, 0.1), "b": (1.2, 0.3)}
@@ -200,6 +215,36 @@ def test_the_loop_settles_on_the_truly_fastest_and_stays(clean):
     assert plan.backend == "pool" and plan.predictions["pool"].status == "measured"
     # the spread of its warm runs, not a constant
     assert plan.predictions["pool"].error != plan.predictions["serial"].error
+
+
+def test_a_settled_loop_runs_its_leader_unplanned_until_a_run_passes_the_runner_up(clean, monkeypatch):
+    import core.api as api
+
+    seconds = {"serial": 0.003}
+    (spec,) = _install(_spec("synthetic.settled", {"serial": lambda p: _sleeper(seconds["serial"])(p),
+                                                   "pool": _sleeper(0.015)}))
+    _calibrate(spec, "serial", lambda p: 3e-3, GRID)
+    _calibrate(spec, "pool", lambda p: 1.5e-2, GRID)
+    planned = []
+    monkeypatch.setattr(api, "plan", lambda *a, **k: planned.append(1) or plan(*a, **k))
+    plan = core.plan
+    problem = GridProblem(1_000, 10)
+    steps = []
+    for _ in range(12):
+        before = len(planned)
+        result = core.solve(problem, solver=spec.name, expected_calls=math.inf)
+        steps.append((result.backend, len(planned) > before, "settled on call" in result.diagnostics["step"]))
+    assert {backend for backend, _, _ in steps} == {"serial"}
+    assert all(full and not settled for _, full, settled in steps[:4])  # runs gathered: planned in full
+    assert steps[7][1]  # call 8 may explore: planned in full
+    reused = [settled and not full for _, full, settled in steps[4:7] + steps[8:]]
+    assert sum(reused) >= 5, steps  # a sleep that overshoots past pool's 15 ms only costs a full plan
+    seconds["serial"] = 0.06  # serial drifts past pool's estimate: each call after such a run plans in full
+    core.solve(problem, solver=spec.name, expected_calls=math.inf)
+    before = len(planned)
+    used = [core.solve(problem, solver=spec.name, expected_calls=math.inf).backend for _ in range(6)]
+    assert len(planned) - before == 6
+    assert used[-1] == "pool", used  # once the slow runs outnumber the old (the loop's drift rule)
 
 
 def test_one_call_expected_never_explores(clean):

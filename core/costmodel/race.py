@@ -53,7 +53,10 @@ The rule, pinned by ``tests/test_online_loop.py`` and stated in
    :data:`EXPLORE_HORIZON`), exceeds what the trial costs over the
    leader. The most promising goes first, only on calls 2, 4, 8, 16, ...
    of the problem (so the call after a trial runs the best estimate), at
-   most :data:`EXPLORE_AT_MOST` times per problem. A contender the models
+   most :data:`EXPLORE_AT_MOST` times per problem; and on call 3 (the
+   first that can try anything: call 1 is never warm) when the incumbent
+   kept the lead from a contender whose model lies below the incumbent's
+   whole band (:func:`challenged`). A contender the models
    place far behind is never tried; one as good as the leader within its
    error is.
 """
@@ -103,11 +106,62 @@ class Race:
     calls: int = 0
     explored: int = 0
     leader: str | None = None  # what the last call that did not explore ran: the incumbent
+    settled: Settled | None = None  # what a settled call decided, reused while it holds (settled_step)
 
     def add(self, implementation: str, seconds: float, cold: bool) -> None:
         kept = (self.cold if cold else self.warm).setdefault(implementation, [])
         kept.append(float(seconds))
         del kept[:-WINDOW]
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A step that later calls reuse without planning again, while nothing it depended on changed.
+
+    ``key`` is what the step depended on besides the runs (the problem's
+    numeric fields, the models' epoch, the expected calls); ``ceiling`` the
+    lowest estimate of any other contender then; ``at`` the call it was
+    taken on; ``plan`` the plan it came from (any object: the caller's).
+    """
+
+    key: tuple
+    step: Step
+    ceiling: float
+    at: int
+    plan: object
+
+
+REPLAN_EVERY = 16  # a settled loop plans in full at least this often (and on calls 2, 4, 8, ...)
+
+
+def settles(step: Step, race: Race) -> bool:
+    """Whether a step just run can be reused: it ran the leader (no trial), and the leader has enough warm runs
+    that a contested call no longer repeats a short run for its sample. Between trials, only the leader's
+    estimate moving past another's changes what a call runs, which :func:`settled_step` watches for."""
+    return not step.explore and len(race.warm.get(step.implementation, [])) >= SPREAD_AFTER
+
+
+def settled_step(race: Race, key: tuple) -> Settled | None:
+    """The settled step this call may reuse, or None when it must plan in full.
+
+    A settled race reuses its last full step while everything it depended
+    on is unchanged (``key``), no call may explore (calls 2, 4, 8, ... plan
+    in full, and every :data:`REPLAN_EVERY`-th call), and the leader's
+    latest warm run lies below every other contender's estimate then. The
+    leader's estimate is a weighted mean of its runs and its model, so
+    while its runs stay under that ceiling it stays the lowest estimate and
+    the full step would run it again: planning in full on every call cost
+    most of a steady-state solve's overhead (70 % of 0.55 ms on the H200
+    host, against 2.3 ms in the kernel).
+    """
+    settled = race.settled
+    if settled is None or settled.key != key or race.leader != settled.step.implementation:
+        return None
+    call = race.calls + 1
+    if exploring_call(call) or call - settled.at >= REPLAN_EVERY:
+        return None
+    runs = race.warm.get(settled.step.implementation)
+    return settled if runs and runs[-1] <= settled.ceiling else None
 
 
 def short_run_sample(run: Callable[[], float]) -> float:
@@ -279,6 +333,22 @@ def exploring_call(call: int) -> bool:
     return call >= 2 and call & (call - 1) == 0
 
 
+def challenged(challenger: str | None, incumbent: Band, finite: Mapping[str, Band], race: Race) -> bool:
+    """Whether call 3 tries the contender that the incumbent rule kept from the lead, off the 2, 4, 8 schedule.
+
+    Call 2 cannot try anything: the first call is never a warm sample, so
+    the leader has no warm run to be tried against. When the leader's first
+    warm run (call 2) put its estimate so far above its model that another
+    contender's model lies below the leader's whole band, the models' pick
+    is in doubt, not merely noisy, and waiting for call 4 keeps a slower
+    implementation for the third call: an extrapolated FP problem on the
+    H200 host (N=49,043) ran numba:fused at 1.6x its model, 41 % over
+    torch:fused, on all three calls.
+    """
+    return (challenger is not None and race.calls + 1 == 3 and race.explored == 0
+            and finite[challenger].centre < incumbent.low)
+
+
 def next_step(estimated: Mapping[str, Band], race: Race, first: str, calls_left: float) -> Step:
     """The implementation this call runs.
 
@@ -298,13 +368,14 @@ def next_step(estimated: Mapping[str, Band], race: Race, first: str, calls_left:
     if first in finite and finite[first].centre <= finite[leader].centre * (1 + MIN_SPREAD):
         leader = first  # within the clock's jitter, the plan's pick (the simpler) keeps the lead
     incumbent = race.leader if race.leader in finite else first
+    challenger = None
     if incumbent in finite and leader != incumbent and finite[leader].samples == 0 \
             and finite[leader].high >= finite[incumbent].centre:
         # a contender known only by its model takes the lead only when the incumbent's estimate lies
         # above its model's whole band: the incumbent's runs carry the loop's own conditions (its
         # wall-clock path, a busy spell) that the calibrated models do not, and one such run made the
         # H200 host's FP and random-walk loops leave the fastest implementation on their third call
-        leader = incumbent
+        leader, challenger = incumbent, leader
     top = finite[leader]
     dropped = tuple(sorted(key for key in finite if finite[key].low > top.high))
     horizon = payback_calls(calls_left, race.calls)
@@ -312,7 +383,8 @@ def next_step(estimated: Mapping[str, Band], race: Race, first: str, calls_left:
                     and finite[key].samples < top.samples and worth_trying(finite[key], top, horizon)),
                    key=lambda key: -expected_gain(finite[key], top))
     contested = any(finite[key].low < top.centre for key in finite if key != leader and key not in dropped)
-    if worth and race.explored < EXPLORE_AT_MOST and exploring_call(race.calls + 1):
+    if worth and race.explored < EXPLORE_AT_MOST and (exploring_call(race.calls + 1)
+                                                    or challenged(challenger, top, finite, race)):
         key = worth[0]
         return Step(key, True, f"trying {key} (estimated {finite[key].centre:.3g} s over "
                                f"{finite[key].samples} warm run(s)) against {leader} ({top.centre:.3g} s)", dropped,
