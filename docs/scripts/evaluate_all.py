@@ -25,9 +25,15 @@ import time
 from pathlib import Path
 
 
-def crossover(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "core.cli", *args], env=env, capture_output=True, text=True,
-                          check=False)
+def crossover(*args: str, env: dict, log: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the CLI; with ``log``, its standard error goes there as it comes (a run cut short leaves its progress)."""
+    if log is None:
+        return subprocess.run([sys.executable, "-m", "core.cli", *args], env=env, capture_output=True, text=True,
+                              check=False)
+    with open(log, "w") as stream:
+        done = subprocess.run([sys.executable, "-m", "core.cli", *args], env=env, stdout=subprocess.PIPE,
+                              stderr=stream, text=True, check=False)
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout, log.read_text())
 
 
 def main() -> int:
@@ -50,11 +56,11 @@ def main() -> int:
         env = dict(os.environ, CROSSOVER_CACHE_DIR=tempfile.mkdtemp(prefix=f"crossover-eval-{name}-"),
                    COLUMNS="200")
         began = time.perf_counter()
-        calibration = crossover("calibrate", name, env=env)
+        calibration = crossover("calibrate", name, env=env, log=out / f"{name}.calibrate.log" if out else None)
         calibrate_seconds = time.perf_counter() - began
         began = time.perf_counter()
         evaluation = crossover("evaluate", name, "--count", args.count, "--seed", args.seed, "--calls", args.calls,
-                               "--json", env=env)
+                               "--json", env=env, log=out / f"{name}.evaluate.log" if out else None)
         evaluate_seconds = time.perf_counter() - began
         text = (f"## {name}\n\n$ crossover calibrate {name}   ({calibrate_seconds:.1f} s wall)\n"
                 f"{calibration.stdout}{calibration.stderr}\n$ crossover evaluate {name} --json   "
