@@ -170,6 +170,10 @@ def test_call_3_tries_the_contender_an_incumbent_far_off_its_model_holds_back():
     assert _next(guesses, race).implementation == "a"
     race.explored, race.warm["a"] = 0, [1.2]  # a run near its model: its noise, not its model, in doubt
     assert _next(guesses, race).implementation == "a"
+    in_range = {"a": (1.0, 0.3), "b": (0.9, 0.3)}  # b's model within its calibrated region
+    race.warm["a"] = [1.75]
+    assert bands(in_range, race)["a"].low > in_range["b"][0]
+    assert _next(in_range, race).implementation == "a"  # the loop's conditions, likelier than b's model
 
 
 def test_a_trial_must_pay_for_itself_within_the_calls_already_run():

@@ -24,6 +24,25 @@ def _torch():
     return torch
 
 
+def compile_in_process(function: Any, **options: Any) -> Any:
+    """``torch.compile(function, **options)`` with Inductor compiling in this process, not in a worker pool.
+
+    Inductor's pool of compile workers kept about 1.5 cores busy for 4-5 s
+    after each compile: a 16-thread numba kernel ran 1.2-1.5x slow meanwhile
+    (H200 host, ``ml.linreg`` at 7.7M samples: 11.9 ms before, 14-18 ms
+    after a compile), and evaluate's loops, which compile per shape, timed
+    numba 1.7x slower than the same calls a minute later. Compiles here
+    are small graphs, which a pool hardly speeds. A user's own
+    ``TORCHINDUCTOR_COMPILE_THREADS`` wins.
+    """
+    torch = _torch()
+    if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+        import torch._inductor.config as inductor
+
+        inductor.compile_threads = 1
+    return torch.compile(function, **options)
+
+
 # device nodes a GPU driver makes on Linux: NVIDIA's, and AMD's for ROCm builds of torch
 GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd")
 

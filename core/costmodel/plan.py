@@ -57,7 +57,7 @@ from core.costmodel.design import with_size
 from core.costmodel.features import model_features
 from core.costmodel.fit import CostModel
 from core.costmodel.planner import accepts_planner, current, numeric_fields, problem_key
-from core.costmodel.race import estimate, relative_error
+from core.costmodel.race import EXTRAPOLATED_ERROR, estimate, relative_error
 from core.errors import AutoSelectionError
 from core.registry import get_registry, get_solver
 from core.result import Plan, Prediction
@@ -65,7 +65,8 @@ from core.running import exclusion, find_solver, implementations, memory_need
 from core.solver import SolverSpec, backend_of
 from core.validation import check_float
 
-MIN_ERROR, EXTRAPOLATED_ERROR = 0.02, 0.5
+MIN_ERROR = 0.02
+# EXTRAPOLATED_ERROR (0.5) is the online loop's too: a contender extrapolating may be tried on call 3
 MIN_MARGIN, MAX_MARGIN = 0.02, 0.10
 OVERLAP = 2.0  # error bands: this many relative errors either side
 MEASURE_AT_MOST = 3

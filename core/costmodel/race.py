@@ -55,8 +55,8 @@ The rule, pinned by ``tests/test_online_loop.py`` and stated in
    of the problem (so the call after a trial runs the best estimate), at
    most :data:`EXPLORE_AT_MOST` times per problem; and on call 3 (the
    first that can try anything: call 1 is never warm) when the incumbent
-   kept the lead from a contender whose model lies below the incumbent's
-   whole band (:func:`challenged`). A contender the models
+   kept the lead from a contender whose model extrapolates and lies below
+   the incumbent's whole band (:func:`challenged`). A contender the models
    place far behind is never tried; one as good as the leader within its
    error is.
 """
@@ -83,6 +83,7 @@ EXPLORE_AT_MOST = 3  # calls per problem that may run a contender other than the
 # the VM) to a call: at 2 ms the repeats made a 25-microsecond linreg loop 49x its best implementation's.
 SHORT_RUN = 3e-5
 SHORT_RUN_REPEATS = 25
+EXTRAPOLATED_ERROR = 0.5  # an extrapolated prediction's relative error (the plan's, core.costmodel.plan)
 EXPLORE_HORIZON = 10  # calls after a trial over which its expected gain is counted (a longer loop re-checks anyway)
 PAYBACK_FLOOR = 3  # ... and never more calls than the problem has run so far, nor fewer than this
 
@@ -337,15 +338,21 @@ def challenged(challenger: str | None, incumbent: Band, finite: Mapping[str, Ban
     """Whether call 3 tries the contender that the incumbent rule kept from the lead, off the 2, 4, 8 schedule.
 
     Call 2 cannot try anything: the first call is never a warm sample, so
-    the leader has no warm run to be tried against. When the leader's first
-    warm run (call 2) put its estimate so far above its model that another
-    contender's model lies below the leader's whole band, the models' pick
-    is in doubt, not merely noisy, and waiting for call 4 keeps a slower
-    implementation for the third call: an extrapolated FP problem on the
-    H200 host (N=49,043) ran numba:fused at 1.6x its model, 41 % over
-    torch:fused, on all three calls.
+    the leader has no warm run to be tried against. When the contender's
+    model extrapolates (its error is :data:`EXTRAPOLATED_ERROR`: off the
+    calibrated region it may miss by more than any in-range error says)
+    and the leader's first warm run (call 2) put its estimate so far above
+    its model that the contender's model lies below the leader's whole
+    band, the models' pick is in doubt, and waiting for call 4 keeps a
+    slower implementation for the third call: an FP problem past the
+    calibrated top on the H200 host (N=49,043) ran numba:fused at 1.6x its
+    model, 41 % over torch:fused, on all three calls. In range, a leader
+    slower than its model is more often the loop's conditions (a busy
+    spell slows every implementation alike), and trying a contender then
+    cost the third call 12-27 % (FP on the H200 host, DotGAT on the VM).
     """
     return (challenger is not None and race.calls + 1 == 3 and race.explored == 0
+            and relative_error(finite[challenger]) >= EXTRAPOLATED_ERROR
             and finite[challenger].centre < incumbent.low)
 
 

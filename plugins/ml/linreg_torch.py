@@ -82,9 +82,9 @@ def advance(x, y, state, scalars, losses, counter, weights=None) -> None:
 @functools.cache
 def compiled_advance():
     """The in-place epoch through torch.compile, once per process (dynamic: one compile serves every size)."""
-    import torch
+    from core.backends.torch_gpu import compile_in_process
 
-    return torch.compile(advance, dynamic=True, fullgraph=True)
+    return compile_in_process(advance, dynamic=True, fullgraph=True)
 
 
 def block_size(n_samples: int) -> int:

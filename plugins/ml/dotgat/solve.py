@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from core.backends.torch_gpu import compile_in_process
 from plugins.ml.dotgat.data import make_split
 from plugins.ml.dotgat.model import build
 from plugins.ml.dotgat.problem import DotGATProblem
@@ -31,7 +32,7 @@ def _model(problem: DotGATProblem, kind: str, compiled: bool, device: torch.devi
         _models.move_to_end(key)
     else:
         model = build(problem.config(), kind).to(device)
-        _models[key] = (model, torch.compile(model) if compiled else None)
+        _models[key] = (model, compile_in_process(model) if compiled else None)
         while len(_models) > _KEEP:
             _models.popitem(last=False)
     return _models[key]
