@@ -245,10 +245,13 @@ def test_a_settled_loop_runs_its_leader_unplanned_until_a_run_passes_the_runner_
     assert sum(reused) >= 5, steps  # a sleep that overshoots past pool's 15 ms only costs a full plan
     seconds["serial"] = 0.06  # serial drifts past pool's estimate: each call after such a run plans in full
     core.solve(problem, solver=spec.name, expected_calls=math.inf)
-    before = len(planned)
-    used = [core.solve(problem, solver=spec.name, expected_calls=math.inf).backend for _ in range(6)]
-    assert len(planned) - before == 6
-    assert used[-1] == "pool", used  # once the slow runs outnumber the old (the loop's drift rule)
+    used = []
+    for _ in range(6):
+        before = len(planned)
+        used.append((core.solve(problem, solver=spec.name, expected_calls=math.inf).backend, len(planned) > before))
+    assert used[-1][0] == "pool", used  # once the slow runs outnumber the old (the loop's drift rule)
+    takeover = [backend for backend, _ in used].index("pool")
+    assert all(full for _, full in used[:takeover + 1]), used
 
 
 def test_one_call_expected_never_explores(clean):
