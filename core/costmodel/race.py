@@ -390,9 +390,11 @@ def next_step(estimated: Mapping[str, Band], race: Race, first: str, calls_left:
                     and finite[key].samples < top.samples and worth_trying(finite[key], top, horizon)),
                    key=lambda key: -expected_gain(finite[key], top))
     contested = any(finite[key].low < top.centre for key in finite if key != leader and key not in dropped)
-    if worth and race.explored < EXPLORE_AT_MOST and (exploring_call(race.calls + 1)
-                                                    or challenged(challenger, top, finite, race)):
-        key = worth[0]
+    if exploring_call(race.calls + 1):
+        key = worth[0] if worth else None
+    else:  # off the schedule, only the challenger itself: the one whose model the leader's run put in doubt
+        key = challenger if challenger in worth and challenged(challenger, top, finite, race) else None
+    if key is not None and race.explored < EXPLORE_AT_MOST:
         return Step(key, True, f"trying {key} (estimated {finite[key].centre:.3g} s over "
                                f"{finite[key].samples} warm run(s)) against {leader} ({top.centre:.3g} s)", dropped,
                     contested=True)
