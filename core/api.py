@@ -173,11 +173,20 @@ def _step(spec: SolverSpec, decision: Plan, nominal: Mapping[str, float], expect
     if planning == "estimate":
         return Step(decision.backend, False, "the plan's pick (planning='estimate')")
     race = current().race(spec, nominal)
-    estimated = {key: band_of(p.seconds + p.one_off_seconds / decision.expected_calls, p.error or 0.0, p.samples)
-                 for key, p in decision.predictions.items() if key not in decision.excluded and p.seconds is not None}
     # an unset count expects this problem to run as often again as it has so far (at least once more)
     calls_left = expected_calls - race.calls if expected_calls is not None else race.calls + 1
-    return next_step(estimated, race, decision.backend, calls_left)
+    return next_step(_estimated(decision), race, decision.backend, calls_left)
+
+
+def _contenders(decision: Plan) -> dict[str, Any]:
+    """The plan's predictions of the implementations that may run: not excluded, and predicted."""
+    return {key: p for key, p in decision.predictions.items() if key not in decision.excluded and p.seconds is not None}
+
+
+def _estimated(decision: Plan) -> dict[str, Any]:
+    """Each contender's band as the loop weighs it: its one-off still owed spread over the expected calls."""
+    return {key: band_of(p.seconds + p.one_off_seconds / decision.expected_calls, p.error or 0.0, p.samples)
+            for key, p in _contenders(decision).items()}
 
 
 def _settled(spec: SolverSpec, problem: Any, race: Any, key: tuple) -> Settled | None:
@@ -190,8 +199,7 @@ def _settled(spec: SolverSpec, problem: Any, race: Any, key: tuple) -> Settled |
 
 def _ceiling(decision: Plan, used: str) -> float:
     """The lowest estimate of any contender but ``used``, as :func:`_step` saw them (one-offs spread)."""
-    return min((p.seconds + p.one_off_seconds / decision.expected_calls for key, p in decision.predictions.items()
-                if key != used and key not in decision.excluded and p.seconds is not None), default=math.inf)
+    return min((band.centre for key, band in _estimated(decision).items() if key != used), default=math.inf)
 
 
 def _worth_confirming(decision: Plan, race: Any, used: str) -> bool:
@@ -199,8 +207,8 @@ def _worth_confirming(decision: Plan, race: Any, used: str) -> bool:
     model = decision.predictions.get(used)
     if model is None or model.seconds is None or model.samples:  # the plan already held runs: no model alone
         return False
-    others = {key: band_of(p.seconds, p.error or 0.0, p.samples) for key, p in decision.predictions.items()
-              if key != used and key not in decision.excluded and p.seconds is not None}
+    others = {key: band_of(p.seconds, p.error or 0.0, p.samples) for key, p in _contenders(decision).items()
+              if key != used}
     return worth_confirming((model.seconds, model.error or 0.0), race.warm.get(used, []), others)
 
 
@@ -239,8 +247,9 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     planner.count_call(spec)
     nominal = spec.features(problem)
     race = planner.race(spec, nominal)
+    racing = backend == "auto" and planning == "race"  # the loop whose settled steps later calls may reuse
     settled_key = (tuple(sorted(numeric_fields(problem).items())), planner.epoch, expected_calls)
-    settled = _settled(spec, problem, race, settled_key) if backend == "auto" and planning == "race" else None
+    settled = _settled(spec, problem, race, settled_key) if racing else None
     if settled is not None:  # nothing left to decide on this problem: the settled step again, unplanned
         decision, step = settled.plan, settled.step
     else:
@@ -269,7 +278,7 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     if planning != "estimate" and not cold and _worth_confirming(decision, race, used):
         # its outputs are the same: the timing is what counts
         confirmed = _run(spec, used, problem, nominal, sampling)[1]
-    if settled is None and backend == "auto" and planning == "race":
+    if racing and settled is None:
         race.settled = (Settled(settled_key, step, _ceiling(decision, used), race.calls, decision)
                         if settles(step, race) and not cold and confirmed is None else None)
     predicted = decision.predictions.get(used)

@@ -199,7 +199,7 @@ def without_slow_outliers(samples: list[float]) -> list[float]:
 
 def outlier_reach(error: float) -> float:
     """How far over its model's prediction a lone run must be to wait for a second: OUTLIER_RATIO beyond the band."""
-    return OUTLIER_RATIO * math.exp(OVERLAP * max(MODEL_FLOOR, error))
+    return OUTLIER_RATIO * lone_reach(error)
 
 
 def lone_reach(error: float) -> float:
