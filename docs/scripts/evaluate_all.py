@@ -8,7 +8,9 @@ table, the evaluation's JSON and a summary per solver to ``--out``
 (default: stdout only): the final call's median and maximum regret, the
 loop total over that of as many calls naming the best implementation
 (median and worst), the models' pick's regret,
-and the share of problems predicted within a factor of 2.
+and the share of problems predicted within a factor of 2. With ``--out``,
+each CLI's progress also goes to ``SOLVER.calibrate.log`` and
+``SOLVER.evaluate.log`` as it runs, so a run cut short leaves it.
 
     python docs/scripts/evaluate_all.py [SOLVER ...] [--out DIR] [--count 12] [--seed 2024] [--calls 3]
 """
