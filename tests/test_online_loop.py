@@ -304,6 +304,13 @@ def test_evaluate_catches_a_loop_that_keeps_the_cold_sample(clean, monkeypatch):
     sound = evaluate(spec.name, count=3, repeats=3, calls=4)
     assert all(row.final == "device" for row in sound.rows), [row.calls for row in sound.rows]
     assert sound.max_final_regret < 0.3
+    # the calls naming the best pay its compile for a new shape too, as a user who named it would: they run
+    # a twin one smaller along n (after the truth, the problem's own shape is compiled). Both sides pay
+    # 0.2 s once and 0.02 s a call after: about 1x, where the warm shape would make it about 2.5x
+    for row in sound.rows:
+        assert row.best_call_params["n"] == row.params["n"] - 1 and row.best_call_params["m"] == row.params["m"]
+        assert row.best_call_seconds[0] > 0.15, row.best_call_seconds
+    assert sound.max_loop_ratio < 1.5, [row.loop_ratio for row in sound.rows]
 
     # plant the fault the issue saw: every run counts as a warm sample and a lone run is trusted as it
     # is, so the cold 10x first call is kept as device's estimate

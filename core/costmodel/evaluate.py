@@ -19,7 +19,8 @@ Synthetic inputs are generated before the loop (:func:`hold_inputs`), as a
 user holds their data before the first call. It reports, per problem: each
 call's regret ``t_used / t_best - 1`` (warm times), the final call's, the
 loop's total wall time against as many ``core.solve`` calls naming the best
-implementation (``loop_ratio``; against the best's bare kernel time:
+implementation from the same state, a shape it has not run
+(``loop_ratio``, :func:`fresh_twin`; against the best's bare kernel time:
 ``kernel_ratio``), the *model pick's* regret (what the models alone
 choose, before any run: the stricter number of what they are worth), and
 the pick's measured over predicted time (the prediction with the expected
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.costmodel.calibrate import ensure_calibrated, measure, runnable_implementations
-from core.costmodel.design import calibration_design, held_out_problems
+from core.costmodel.design import calibration_design, held_out_problems, try_problem
 from core.costmodel.plan import plan
 from core.costmodel.planner import Planner, current, use
 from core.progress import Progress
@@ -65,6 +66,8 @@ class EvaluationRow:
     steps: list[str] = field(default_factory=list)  # why each call ran what it ran (Result.diagnostics["step"])
     # the same number of core.solve calls naming the best implementation: what a user who knew it would pay
     best_call_seconds: list[float] = field(default_factory=list)
+    # the problem those calls ran: this one, or its fresh twin where the best compiles per shape (fresh_twin)
+    best_call_params: dict[str, Any] = field(default_factory=dict)
 
     @property
     def call_regrets(self) -> list[float]:
@@ -84,9 +87,10 @@ class EvaluationRow:
         """The loop's total wall time over that of as many ``core.solve`` calls naming the best implementation.
 
         Both sides pay core.solve's own steady-state overhead (bounded on
-        its own by ``asv_benchmarks/bench_solve_overhead.py``), so what is
-        left is what the loop's choices cost: cold runs of the wrong
-        implementation, trials, repeats of short runs.
+        its own by ``asv_benchmarks/bench_solve_overhead.py``) and the
+        best's one-off for a new shape (:func:`fresh_twin`), so what is
+        left is what the loop's choices cost: planning, cold runs of the
+        wrong implementation, trials, repeats of short runs.
         """
         return sum(self.call_seconds) / sum(self.best_call_seconds)
 
@@ -223,13 +227,17 @@ def warm_the_process(spec: Any, quick: bool) -> set[str]:
     A user's loop lives in a process that has run its solver before; the
     calibration that ``crossover evaluate`` relies on may have run in
     another process, and its first held-out loop would then carry the
-    process's whole start (numba's caches: 0.22-0.27 s on the VM). Shapes
-    never run here stay unpaid: a compile per shape is the loop's to pay.
+    process's whole start (numba's caches: 0.22-0.27 s on the VM), and
+    the fits of its models (6-9 ms on the VM, which every later fresh
+    planner over the same calibration reuses). Shapes never run here stay
+    unpaid: a compile per shape is the loop's to pay.
     """
     design = calibration_design(spec, quick)
     if not design:
         return set()
     problem = design[0]
+    with use(Planner.from_calibration(current())):
+        plan(problem, solver=spec.name, expected_calls=math.inf, explain=False)
     keys = [key for key in runnable_implementations(spec) if not exclusion(spec, problem, key)]
     for key in keys:
         current().start_backend(get_registry().backends[backend_of(key)])
@@ -268,6 +276,31 @@ def hold_inputs(problem: Any) -> None:
     data = getattr(problem, "data", None)
     if callable(data):
         data()
+
+
+def fresh_twin(spec: Any, problem: Any, implementation: str, fields: list[str]) -> Any:
+    """``problem`` one smaller along its size axis where ``implementation`` compiles per shape and ran this one.
+
+    The calls naming the best run after the truth, which ran every shape of
+    ``problem`` warm; but a user who named the best on this problem would
+    have paid its one-off for a new shape on the first call (a CUDA graph's
+    capture: 0.09-0.8 s against a 1 ms run of ``ml.linreg`` on the H200
+    host), as the loop did. The twin is a shape this process has not
+    compiled for, with the same fields but one fewer element (a shade less
+    work: the baseline is not flattered). Without a per-shape one-off, or
+    where no twin is valid, the baseline runs ``problem`` itself.
+    """
+    if spec.compile_key is None or spec.compile_key(problem, implementation) == ():
+        return problem
+    params = _params(problem, fields)
+    size = params.get(spec.size_axis)
+    if not isinstance(size, int) or isinstance(size, bool):
+        return problem
+    for twin_size in (size - 1, size + 1):
+        twin = try_problem(spec, {**params, spec.size_axis: twin_size})
+        if twin is not None and not current().is_paid(spec, implementation, twin):
+            return twin
+    return problem
 
 
 def run_loop(spec: Any, problem: Any, calls: int, backend: str = "auto",
@@ -345,9 +378,10 @@ def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, r
     truths = best_of_rounds(spec, cases, repeats)
     for problem, (decision, results, walls), seconds in zip(problems, loops, truths):
         best = min(seconds, key=seconds.get)
-        hold_inputs(problem)  # again: a plugin may keep only its latest inputs (ml's synthetic data keeps two)
-        # the user who knew the answer: the same calls naming it, with no loop to run
-        *_, best_walls = run_loop(spec, problem, calls, backend=best, planning="estimate")
+        # the user who knew the answer: the same calls naming it from the same state, with no loop to run
+        baseline = fresh_twin(spec, problem, best, fields)
+        hold_inputs(baseline)  # again: a plugin may keep only its latest inputs (ml's synthetic data keeps two)
+        *_, best_walls = run_loop(spec, baseline, calls, backend=best, planning="estimate")
         report.rows.append(EvaluationRow(
             size=float(getattr(problem, spec.size_axis)), params=_params(problem, fields), seconds=seconds,
             chosen=decision.backend, best=best, regret=seconds[decision.backend] / seconds[best] - 1,
@@ -356,7 +390,8 @@ def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, r
             predicted_error={key: decision.predictions[key].error for key in seconds},
             calls=[r.backend for r in results], call_seconds=walls, call_kernel_seconds=[r.seconds for r in results],
             explored=[bool(r.diagnostics.get("explored")) for r in results],
-            steps=[str(r.diagnostics.get("step", "")) for r in results], best_call_seconds=best_walls))
+            steps=[str(r.diagnostics.get("step", "")) for r in results], best_call_seconds=best_walls,
+            best_call_params=_params(baseline, fields)))
         if shown is not None:
             shown.advance()
     return report

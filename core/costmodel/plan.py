@@ -155,13 +155,14 @@ def recent_free_memory() -> dict[str, float | None]:
 
     For :func:`core.running.exclusion`'s ``free_memory``: each reading
     opens /proc and cgroup files (7 opens, a sixth of a steady-state
-    solve's overhead on the H200 host when read per call).
+    solve's overhead on the H200 host when read per call). The readings
+    are the process's, shared by its planners.
     """
-    planner = current()
-    at, epoch, readings = planner.memory_read
-    if time.monotonic() - at >= VIEW_SECONDS or epoch != planner.epoch:  # as old as a view may be, no older
+    process = current().process
+    at, readings = process.memory_read
+    if time.monotonic() - at >= VIEW_SECONDS:  # as old as a view may be, no older
         readings = {}
-        planner.memory_read = (time.monotonic(), planner.epoch, readings)
+        process.memory_read = (time.monotonic(), readings)
     return readings
 
 

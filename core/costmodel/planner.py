@@ -35,7 +35,7 @@ import statistics
 import threading
 import time
 import warnings
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -74,6 +74,9 @@ class ProcessFacts:
     started: set[str] = field(default_factory=set)
     paid: set[tuple[str, str, Hashable]] = field(default_factory=set)
     version: int = 0  # bumped when anything is paid: a cached plan's one-offs are then stale
+    # plan.py's free-memory readings (when read, each backend's): a fact of the process, so a fresh
+    # planner (evaluate's, one per held-out problem) does not open /proc and cgroup files again
+    memory_read: tuple[float, dict[str, float | None]] = (-math.inf, {})
 
 
 def problem_key(features: Mapping[str, float]) -> tuple:
@@ -126,7 +129,6 @@ class Planner:
         self._last_flush = 0.0
         self.epoch = 0  # bumped when a model or a calibration changes: cached views (plan.py) are then stale
         self.views: dict[tuple, Any] = {}  # plan.py's cached views of the models, by problem and epoch
-        self.memory_read: tuple[float, int, dict[str, float | None]] = (-math.inf, 0, {})  # plan.py's, by epoch
 
     @classmethod
     def from_calibration(cls, other: Planner) -> Planner:
@@ -174,6 +176,7 @@ class Planner:
             self._pending.clear()
             self.process.started.clear()
             self.process.paid.clear()
+            self.process.memory_read = (-math.inf, {})
             self.epoch += 1
 
     def export(self) -> dict[str, Any]:
@@ -261,11 +264,11 @@ class Planner:
             cached = self._models.get(pair)
             fresh = self._fresh.get(pair, 0)
             if cached is None or cached[0] != signature or fresh >= max(REFIT_AFTER, cached[1]):
-                found = self.samples(spec, implementation)
-                if not found:
+                fitted = self._fit(spec, implementation, entry)
+                if fitted is None:
                     return None
                 records = len(entry["calibration"]) + len(entry.get("history", []))
-                cached = (signature, records, fit_once(found, feature_names(spec, implementation)))
+                cached = (signature, records, fitted)
                 if pair in self._models:
                     # a refit: views built on the old model are stale. A first fit replaces none (bumped
                     # then, it made a new planner build each view twice: a small solve's second call
@@ -275,6 +278,30 @@ class Planner:
                 self._fresh[pair] = 0
                 self._report_undetermined(spec, implementation, cached[2])
             return cached[2]
+
+    def _fit(self, spec: SolverSpec, implementation: str, entry: Mapping[str, Any]) -> CostModel | None:
+        """The pair's fit on its samples (None with none), shared by this process's planners.
+
+        With no solve history the fit is one of the calibration alone, found
+        by the records' times (a fresh planner from the same calibration,
+        one per held-out problem in ``evaluate``, asks again): collapsing
+        the samples just to key :func:`fit_once` was a third of a fresh
+        planner's first plan.
+        """
+        names = feature_names(spec, implementation)
+        if entry.get("history"):
+            found = self.samples(spec, implementation)
+            return fit_once(found, names) if found else None
+        key = (spec.name, implementation, names,
+               tuple((record.get("at"), record["seconds"]) for record in entry["calibration"]))
+        if key not in _CALIBRATION_FITS:
+            found = self.samples(spec, implementation)
+            fitted = fit_once(found, names) if found else None
+            with _FITS_LOCK:
+                _CALIBRATION_FITS[key] = fitted
+                while len(_CALIBRATION_FITS) > FITS_KEPT:
+                    del _CALIBRATION_FITS[next(iter(_CALIBRATION_FITS))]
+        return _CALIBRATION_FITS[key]
 
     def _report_undetermined(self, spec: SolverSpec, implementation: str, fitted: CostModel) -> None:
         key = (spec.name, implementation, fitted.undetermined)
@@ -583,11 +610,12 @@ def _ratios(nominal: Mapping[str, float], done: Mapping[str, float]) -> dict[str
 
 
 _FITS: dict[tuple, CostModel] = {}  # fits by their samples' content, shared by this process's planners
+_CALIBRATION_FITS: dict[tuple, CostModel | None] = {}  # fits of a calibration alone, by its records' times
 FITS_KEPT = 256
 _FITS_LOCK = threading.Lock()
 
 
-def fit_once(samples: list[Sample], names: list[str]) -> CostModel:
+def fit_once(samples: list[Sample], names: Sequence[str]) -> CostModel:
     """``fit(samples, names)``, computed once per distinct content in this process.
 
     A fit is a pure function of its samples, and its leave-one-out error
