@@ -18,7 +18,7 @@ import pytest
 import core
 from core.costmodel import planner as planning
 from core.costmodel import race as race_rule
-from core.costmodel.evaluate import evaluate
+from core.costmodel.evaluate import evaluate, informed_walls
 from core.costmodel.planner import Planner, current, use
 from core.costmodel.race import (
     EXPLORE_AT_MOST,
@@ -328,6 +328,17 @@ def test_evaluate_catches_a_loop_that_keeps_the_cold_sample(clean, monkeypatch):
     seen.clear()
     broken = evaluate(spec.name, count=3, repeats=3, seed=7, calls=4)
     assert broken.max_final_regret > 0.3, [row.calls for row in broken.rows]
+    assert broken.max_loop_ratio > 1.3, [row.loop_ratio for row in broken.rows]
+
+
+def test_the_informed_baseline_takes_the_loops_runs_of_the_best_in_order():
+    from types import SimpleNamespace as Run
+
+    loop = [Run(backend="b", seconds=5.0), Run(backend="a", seconds=2.0), Run(backend="a", seconds=1.0)]
+    named = [Run(backend="a", seconds=0.5)] * 3  # after the truth: warm, 0.1 s of overhead each
+    walls = informed_walls(loop, named, [0.6, 0.6, 0.6], "a")
+    # the informed user's first two calls run what the loop's two runs of a ran; the third its own
+    assert walls == pytest.approx([2.1, 1.1, 0.6])
 
 
 # -- the Planner object ----------------------------------------------------------------------
