@@ -519,7 +519,7 @@ def test_the_nearest_work_observations_are_those_of_the_distance_in_order():
         here = {n: float(v) for n, v in zip(names, rng.choice([10.0, 20.0, 1e-3, 5.0], size=4))}
         expected = sorted(range(len(seen)), key=lambda i: _reference_distance(here, seen[i][0]))[:5]
         assert planner._nearest_work(spec, seen, here) == expected
-        seen.append(({"N": 10.0}, {"work": 2.0}))  # a new observation: the table is rebuilt
+        seen = [*seen, ({"N": 10.0}, {"work": 2.0})]  # a new observation (a new list, as _add_work makes): a new table
         expected = sorted(range(len(seen)), key=lambda i: _reference_distance(here, seen[i][0]))[:5]
         assert planner._nearest_work(spec, seen, here) == expected
 

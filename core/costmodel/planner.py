@@ -122,7 +122,6 @@ class Planner:
         self._tag = f"{os.getpid()}-{time.time_ns()}"  # this planner's process, among those the store remembers
         self._races: dict[tuple[str, tuple], Race] = {}
         self._work: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {}
-        self._work_tables: dict[tuple, tuple] = {}  # _nearest_work's, by solver and field names
         self._warned: set[tuple[str, str, tuple]] = set()
         self._retaken: set[tuple[str, str]] = set()
         self._pending: list[tuple[str, str, str, dict[str, Any]]] = []
@@ -294,14 +293,11 @@ class Planner:
             return fit_once(found, names) if found else None
         key = (spec.name, implementation, names,
                tuple((record.get("at"), record["seconds"]) for record in entry["calibration"]))
-        if key not in _CALIBRATION_FITS:
-            found = self.samples(spec, implementation)
-            fitted = fit_once(found, names) if found else None
-            with _FITS_LOCK:
-                _CALIBRATION_FITS[key] = fitted
-                while len(_CALIBRATION_FITS) > FITS_KEPT:
-                    del _CALIBRATION_FITS[next(iter(_CALIBRATION_FITS))]
-        return _CALIBRATION_FITS[key]
+        return _shared(_CALIBRATION_FITS, key, lambda: self._fit_samples(spec, implementation, names))[0]
+
+    def _fit_samples(self, spec: SolverSpec, implementation: str, names: tuple[str, ...]) -> tuple[CostModel | None]:
+        found = self.samples(spec, implementation)
+        return (fit_once(found, names) if found else None,)  # in a tuple: a fit of nothing is kept too
 
     def _report_undetermined(self, spec: SolverSpec, implementation: str, fitted: CostModel) -> None:
         key = (spec.name, implementation, fitted.undetermined)
@@ -319,14 +315,19 @@ class Planner:
         with self._lock:
             seen = self._work.get(spec.name)
             if seen is None:
-                seen = []
+                records = []
                 entry = self.stored()["solvers"].get(spec.name)
                 if entry is not None and entry.get("version") == spec.version:
-                    for slot in entry["backends"].values():
-                        for record in slot.get("calibration", []) + slot.get("history", []):
-                            if "nominal" in record and "fields" in record:
-                                seen.append((record["fields"], _ratios(record["nominal"], record["features"])))
-                self._work[spec.name] = seen = seen[-WORK_KEEP:]
+                    records = [record for slot in entry["backends"].values()
+                               for record in slot.get("calibration", []) + slot.get("history", [])
+                               if "nominal" in record and "fields" in record]
+                # shared by this process's planners over the same records (evaluate's fresh planner per
+                # problem rebuilt it, and _nearest_work's table, on every first call: 0.1 ms on the VM)
+                key = (spec.name, tuple((record.get("at"), record["seconds"]) for record in records))
+                seen = _shared(_WORK_SEEN, key, lambda: [(record["fields"], _ratios(record["nominal"],
+                                                                                   record["features"]))
+                                                         for record in records][-WORK_KEEP:])
+                self._work[spec.name] = seen
             return seen
 
     def expected_work(self, spec: SolverSpec, problem: Any, nominal: Mapping[str, float]) -> dict[str, float]:
@@ -363,12 +364,9 @@ class Planner:
         on the VM, a third of a first call's overhead on a small problem.
         """
         names = tuple(here)
-        cached = self._work_tables.get((spec.name, names))
-        if cached is None or cached[0] is not seen or cached[1] is not seen[-1] or cached[2] != len(seen):
-            table = np.array([[math.log(fields[n]) if fields.get(n, 0) > 0 else np.nan for n in names]
-                              for fields, _ in seen], dtype=float).reshape(len(seen), len(names))
-            cached = self._work_tables[(spec.name, names)] = (seen, seen[-1], len(seen), table)
-        table = cached[3]
+        # a list of observations is never changed in place (_add_work makes a new one), so it is its
+        # table's key; the entry holds the list, so its id is not reused while the table is kept
+        table = _shared(_WORK_TABLES, (id(seen), names), lambda: (seen, _log_table(seen, names)))[1]
         missing = np.isnan(table)
         distance = np.where(missing, 0.0, (table - np.log([here[n] for n in names])) ** 2).sum(axis=1)
         distance = distance + missing.sum(axis=1)
@@ -377,9 +375,9 @@ class Planner:
 
     def _add_work(self, spec: SolverSpec, record: Mapping[str, Any]) -> None:
         if "nominal" in record and "fields" in record:
-            seen = self._work_seen(spec)
-            seen.append((record["fields"], _ratios(record["nominal"], record["features"])))
-            del seen[:-WORK_KEEP]
+            seen = self._work_seen(spec)  # a new list: the old one may be shared (_work_seen)
+            added = (record["fields"], _ratios(record["nominal"], record["features"]))
+            self._work[spec.name] = [*seen, added][-WORK_KEEP:]
 
     # -- one-off costs -----------------------------------------------------------------
 
@@ -610,7 +608,27 @@ def _ratios(nominal: Mapping[str, float], done: Mapping[str, float]) -> dict[str
 
 
 _FITS: dict[tuple, CostModel] = {}  # fits by their samples' content, shared by this process's planners
-_CALIBRATION_FITS: dict[tuple, CostModel | None] = {}  # fits of a calibration alone, by its records' times
+_CALIBRATION_FITS: dict[tuple, tuple[CostModel | None]] = {}  # fits of a calibration alone, by its records' times
+_WORK_SEEN: dict[tuple, list] = {}  # work observations, by their records' times (Planner._work_seen)
+_WORK_TABLES: dict[tuple, tuple] = {}  # their log-field tables, by list and field names (Planner._nearest_work)
+
+
+def _log_table(seen: list, names: tuple[str, ...]) -> np.ndarray:
+    """The observations' log fields, one row each (NaN where a field is missing)."""
+    return np.array([[math.log(fields[n]) if fields.get(n, 0) > 0 else np.nan for n in names]
+                     for fields, _ in seen], dtype=float).reshape(len(seen), len(names))
+
+
+def _shared(cache: dict[tuple, T], key: tuple, make: Callable[[], T]) -> T:
+    """``cache[key]``, made once by ``make`` and kept among the latest :data:`FITS_KEPT` of this process."""
+    found = cache.get(key)
+    if found is None:
+        found = make()
+        with _FITS_LOCK:
+            cache[key] = found
+            while len(cache) > FITS_KEPT:
+                del cache[next(iter(cache))]
+    return found
 FITS_KEPT = 256
 _FITS_LOCK = threading.Lock()
 

@@ -1,0 +1,84 @@
+"""First calls on new problems: named against auto, and one-offs a shape costs after the first.
+
+Three parts (``python docs/scripts/first_calls_probe.py PART``), each in a
+fresh wisdom store:
+
+- ``rw``: ``example.random_walk`` on six new problems. Six calls naming
+  torch on a new problem, then three ``core.solve`` calls (auto) on
+  another new one, then three naming torch on each again. Tells whether
+  a loop's kernels run slower because the loop chose them or because the
+  problem is new.
+- ``lr``: ``ml.linreg``'s ``torch:graph`` on sizes of every divisibility:
+  the first call on each pays what a new size costs (its capture, and any
+  compile the size triggers).
+- ``dg``: ``ml.dotgat``'s ``torch:optimized_compiled`` on batches 33, 32,
+  64, 33 of one configuration: which batch sizes recompile.
+
+Each line: what ran, then per call (implementation, wall ms, kernel ms).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("CROSSOVER_CACHE_DIR", tempfile.mkdtemp(prefix="crossover-first-calls-"))
+
+import core  # after the cache directory is chosen (the wisdom file is read on first use)
+from core.costmodel.calibrate import ensure_calibrated
+from core.costmodel.evaluate import warm_the_process
+from core.costmodel.planner import Planner, current, use
+from core.registry import get_solver
+from core.solver import problem_from_params
+
+
+def calls(solver: str, problem: object, backend: str, count: int = 3) -> list[tuple[str, float, float]]:
+    """``count`` calls on a fresh planner: (implementation, wall ms, kernel ms) each."""
+    found = []
+    with use(Planner.from_calibration(current())):
+        for _ in range(count):
+            began = time.perf_counter()
+            result = core.solve(problem, backend, solver=solver, expected_calls=math.inf)
+            found.append((result.backend, round((time.perf_counter() - began) * 1e3, 3),
+                          round(result.seconds * 1e3, 3)))
+    return found
+
+
+def random_walk() -> None:
+    solver = "example.random_walk"
+    spec = get_solver(solver)
+    ensure_calibrated(spec)
+    warm_the_process(spec, True)
+    for i, n in enumerate([35901, 195601, 6723, 1748, 111041, 11938]):
+        named = problem_from_params(spec, {"n_walkers": n, "n_steps": 19 + i})
+        chosen = problem_from_params(spec, {"n_walkers": n + 7, "n_steps": 19 + i})
+        print("named-fresh", n, calls(solver, named, "torch", 6))
+        print("auto-fresh ", n, calls(solver, chosen, "auto"))
+        print("named-after", n, calls(solver, chosen, "torch"))
+        print("named-after2", n, calls(solver, named, "torch"))
+
+
+def linreg_graph() -> None:
+    spec = get_solver("ml.linreg")
+    for n in [1000, 16137, 16136, 32000000, 434341, 7703804, 2029]:
+        problem = problem_from_params(spec, {"n_samples": n, "n_epochs": 10})
+        problem.data()  # the inputs exist before the first call, as a user's do
+        print("graph", n, calls(spec.name, problem, "torch:graph"))
+
+
+def dotgat_batches() -> None:
+    spec = get_solver("ml.dotgat")
+    for batch in [33, 32, 64, 33]:
+        problem = problem_from_params(spec, {"batch": batch, "n_steps": 2, "n_val": 30, "T": 16, "A": 8, "H": 32})
+        print("dotgat", batch, calls(spec.name, problem, "torch:optimized_compiled", 2))
+
+
+PARTS = {"rw": random_walk, "lr": linreg_graph, "dg": dotgat_batches}
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in PARTS:
+        sys.exit(f"usage: first_calls_probe.py {{{','.join(PARTS)}}}")
+    PARTS[sys.argv[1]]()
