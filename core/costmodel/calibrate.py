@@ -51,7 +51,7 @@ from core.costmodel import history, store
 from core.costmodel.design import calibration_design
 from core.costmodel.features import feature_names, model_features
 from core.costmodel.fit import Sample, fit
-from core.costmodel.planner import accepts_planner
+from core.costmodel.planner import accepts_planner, current
 from core.errors import CrossoverError, PluginError
 from core.progress import Progress
 from core.registry import get_registry, get_solver
@@ -402,17 +402,26 @@ def _calibrate_or_blame(spec: SolverSpec, **options: Any) -> SolverCalibration:
 
 
 def ensure_calibrated(spec: SolverSpec) -> None:
-    """Run one quick calibration for a solver never calibrated on this machine, and say so."""
+    """Run one quick calibration for a solver never calibrated on this machine, and say so.
+
+    Checked once per state of the planner's timings (its epoch: a
+    calibration, a reload of the wisdom file that set timings aside, a
+    refit): every auto plan asks, and asking anew cost 7-14 us a call.
+    """
+    planner = current()
+    if planner.calibration_checked.get(spec.name) == planner.epoch:
+        return
     if any(history.model(spec, key) is not None for key in implementations(spec)):
         again = [key for key in history.take_set_aside(spec) if key in runnable_implementations(spec)]
         if again:  # a configuration change set these aside (wisdom store): measure them alone
             log.warning("solver %s: measuring %s again (quick), their configuration changed", spec.name,
                         ", ".join(again))
             calibrate_solver(spec, quick=True, backends=again)
-        return
-    log.warning("solver %s has never been calibrated on this machine: running one quick calibration "
-                "(at most %g s; `crossover calibrate` does it ahead of time)", spec.name, QUICK["budget"])
-    calibrate_solver(spec, quick=True)
+    else:
+        log.warning("solver %s has never been calibrated on this machine: running one quick calibration "
+                    "(at most %g s; `crossover calibrate` does it ahead of time)", spec.name, QUICK["budget"])
+        calibrate_solver(spec, quick=True)
+    planner.calibration_checked[spec.name] = planner.epoch
 
 
 class _Progress(Progress):

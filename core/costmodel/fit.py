@@ -88,10 +88,11 @@ class CostModel:
                 return True
         if not self.axes:
             return False
-        point = np.log1p([max(float(features.get(n, 0.0)), 0.0) for n in self.feature_names]) - self.centre
+        # in plain Python: a handful of features, where NumPy's per-call cost was most of a plan's
+        point = [math.log1p(max(float(features.get(n, 0.0)), 0.0)) - c for n, c in zip(self.feature_names, self.centre)]
         slack = math.log(EXTRAPOLATION_FACTOR)
         for axis, (low, high) in zip(self.axes, self.span):
-            coordinate = float(np.dot(axis, point))
+            coordinate = math.fsum(a * x for a, x in zip(axis, point))
             if coordinate < low - slack or coordinate > high + slack:
                 return True
         return False

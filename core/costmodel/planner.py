@@ -128,6 +128,7 @@ class Planner:
         self._last_flush = 0.0
         self.epoch = 0  # bumped when a model or a calibration changes: cached views (plan.py) are then stale
         self.views: dict[tuple, Any] = {}  # plan.py's cached views of the models, by problem and epoch
+        self.calibration_checked: dict[str, int] = {}  # calibrate.ensure_calibrated's, by solver: the epoch
 
     @classmethod
     def from_calibration(cls, other: Planner) -> Planner:
