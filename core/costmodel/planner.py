@@ -288,17 +288,15 @@ class Planner:
         the samples just to key :func:`fit_once` was a third of a fresh
         planner's first plan.
         """
-        names = feature_names(spec, implementation)
-        if entry.get("history"):
+        def on_samples() -> CostModel | None:
             found = self.samples(spec, implementation)
-            return fit_once(found, names) if found else None
-        key = (spec.name, implementation, names,
-               tuple((record.get("at"), record["seconds"]) for record in entry["calibration"]))
-        return _shared(_CALIBRATION_FITS, key, lambda: self._fit_samples(spec, implementation, names))[0]
+            return fit_once(found, feature_names(spec, implementation)) if found else None
 
-    def _fit_samples(self, spec: SolverSpec, implementation: str, names: tuple[str, ...]) -> tuple[CostModel | None]:
-        found = self.samples(spec, implementation)
-        return (fit_once(found, names) if found else None,)  # in a tuple: a fit of nothing is kept too
+        if entry.get("history"):
+            return on_samples()
+        key = (spec.name, implementation, feature_names(spec, implementation),
+               tuple((record.get("at"), record["seconds"]) for record in entry["calibration"]))
+        return _shared(_CALIBRATION_FITS, key, on_samples)
 
     def _report_undetermined(self, spec: SolverSpec, implementation: str, fitted: CostModel) -> None:
         key = (spec.name, implementation, fitted.undetermined)
@@ -325,9 +323,7 @@ class Planner:
                 # shared by this process's planners over the same records (evaluate's fresh planner per
                 # problem rebuilt it, and _nearest_work's table, on every first call: 0.1 ms on the VM)
                 key = (spec.name, tuple((record.get("at"), record["seconds"]) for record in records))
-                seen = _shared(_WORK_SEEN, key, lambda: [(record["fields"], _ratios(record["nominal"],
-                                                                                   record["features"]))
-                                                         for record in records][-WORK_KEEP:])
+                seen = _shared(_WORK_SEEN, key, lambda: [_work_observation(record) for record in records][-WORK_KEEP:])
                 self._work[spec.name] = seen
             return seen
 
@@ -377,8 +373,7 @@ class Planner:
     def _add_work(self, spec: SolverSpec, record: Mapping[str, Any]) -> None:
         if "nominal" in record and "fields" in record:
             seen = self._work_seen(spec)  # a new list: the old one may be shared (_work_seen)
-            added = (record["fields"], _ratios(record["nominal"], record["features"]))
-            self._work[spec.name] = [*seen, added][-WORK_KEEP:]
+            self._work[spec.name] = [*seen, _work_observation(record)][-WORK_KEEP:]
 
     # -- one-off costs -----------------------------------------------------------------
 
@@ -603,13 +598,18 @@ def sample_record(spec: SolverSpec, implementation: str, problem: Any, seconds: 
     return record
 
 
+def _work_observation(record: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
+    """A solve record's (numeric fields, done / nominal ratio per feature), for the expected-work model."""
+    return record["fields"], _ratios(record["nominal"], record["features"])
+
+
 def _ratios(nominal: Mapping[str, float], done: Mapping[str, float]) -> dict[str, float]:
     return {name: float(done[name]) / float(value) for name, value in nominal.items()
             if name in done and float(value) > 0}
 
 
 _FITS: dict[tuple, CostModel] = {}  # fits by their samples' content, shared by this process's planners
-_CALIBRATION_FITS: dict[tuple, tuple[CostModel | None]] = {}  # fits of a calibration alone, by its records' times
+_CALIBRATION_FITS: dict[tuple, CostModel | None] = {}  # fits of a calibration alone, by its records' times
 _WORK_SEEN: dict[tuple, list] = {}  # work observations, by their records' times (Planner._work_seen)
 _WORK_TABLES: dict[tuple, tuple] = {}  # their log-field tables, by list and field names (Planner._nearest_work)
 
@@ -620,10 +620,13 @@ def _log_table(seen: list, names: tuple[str, ...]) -> np.ndarray:
                      for fields, _ in seen], dtype=float).reshape(len(seen), len(names))
 
 
+_MISSING = object()
+
+
 def _shared(cache: dict[tuple, T], key: tuple, make: Callable[[], T]) -> T:
     """``cache[key]``, made once by ``make`` and kept among the latest :data:`FITS_KEPT` of this process."""
-    found = cache.get(key)
-    if found is None:
+    found = cache.get(key, _MISSING)
+    if found is _MISSING:
         found = make()
         with _FITS_LOCK:
             cache[key] = found
@@ -644,14 +647,7 @@ def fit_once(samples: list[Sample], names: Sequence[str]) -> CostModel:
     user's second planner) need not pay again.
     """
     key = (tuple(names), tuple((tuple(sorted(s.features.items())), s.seconds) for s in samples))
-    found = _FITS.get(key)
-    if found is None:
-        found = fit(samples, names)
-        with _FITS_LOCK:
-            _FITS[key] = found
-            while len(_FITS) > FITS_KEPT:
-                del _FITS[next(iter(_FITS))]
-    return found
+    return _shared(_FITS, key, lambda: fit(samples, names))
 
 
 def _process_calls(entry: Mapping[str, Any]) -> list[tuple[str, int]]:
