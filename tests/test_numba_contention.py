@@ -94,3 +94,101 @@ def test_too_late_sets_nothing_and_says_so(undecided, monkeypatch):
     openmp_spin.limit_spinning()
     assert not any(name in os.environ for name in openmp_spin.USER_CHOICES)
     assert "loaded before crossover could bound its spinning" in openmp_spin.describe()
+
+
+# ---- yielding busy cores (core.backends.host_load) ----
+
+from core.backends import host_load  # noqa: E402
+
+
+class FakeHost:
+    """``/proc/stat`` with two CPUs in this process's affinity and one outside it, and the two clocks."""
+
+    def __init__(self, tmp_path, monkeypatch):
+        self.path = tmp_path / "stat"
+        self.wall = 100.0
+        self.own = 10.0
+        self.busy = {0: 0, 1: 0, 7: 0}  # ticks
+        monkeypatch.setattr(host_load, "_STAT", str(self.path))
+        monkeypatch.setattr(host_load, "_TICK", 0.01)
+        monkeypatch.setattr(host_load, "_mark", None)
+        monkeypatch.setattr(host_load, "_others", 0.0)
+        monkeypatch.setattr(host_load.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+        monkeypatch.setattr(host_load, "usable_cores", lambda: 2)
+        monkeypatch.setattr(host_load.time, "monotonic", lambda: self.wall)
+        monkeypatch.setattr(host_load.time, "process_time", lambda: self.own)
+        self.write()
+
+    def write(self) -> None:
+        total = sum(self.busy.values())
+        lines = [f"cpu  {total} 0 0 999 0 0 0 0 0 0"]
+        # user nice system idle iowait irq softirq steal: busy ticks split over user, system, irq and steal
+        lines += [f"cpu{n} {b - 3 * (b // 4)} 0 {b // 4} 999 5 {b // 4} 0 {b // 4} 0 0" for n, b in self.busy.items()]
+        self.path.write_text("\n".join([*lines, "intr 1 2 3", "procs_running 1"]) + "\n")
+
+    def advance(self, seconds: float, own: float, others: dict[int, float]) -> None:
+        """``seconds`` pass; this process uses ``own`` CPU seconds on CPU 0, others use ``others`` per CPU."""
+        self.wall += seconds
+        self.own += own
+        self.busy[0] += round(own * 100)
+        for cpu, used in others.items():
+            self.busy[cpu] += round(used * 100)
+        self.write()
+
+
+def test_a_core_kept_busy_by_another_process_is_left_to_it(tmp_path, monkeypatch):
+    host = FakeHost(tmp_path, monkeypatch)
+    assert host_load.idle_cores() == 2  # no window yet: an idle host, as before
+    host.advance(0.5, own=0.6, others={1: 0.5, 7: 0.5})  # a competitor holds CPU 1; CPU 7 is not ours
+    assert host_load.others_busy_cores() == pytest.approx(1.0)
+    assert host_load.idle_cores() == 1
+    host.advance(0.05, own=0.05, others={})  # within the window: the last answer stands, the file is not read
+    host.path.unlink()
+    assert host_load.idle_cores() == 1
+    host.write()
+    host.advance(0.5, own=0.9, others={1: 0.1})  # this process's own spinning threads are not the others'
+    assert host_load.others_busy_cores() == pytest.approx(0.1 / 0.55)  # the window began before the 0.05 s
+    assert host_load.idle_cores() == 2
+
+
+def test_the_switch_and_an_unreadable_host_leave_every_core_idle(tmp_path, monkeypatch):
+    host = FakeHost(tmp_path, monkeypatch)
+    host_load.idle_cores()
+    host.advance(1.0, own=0.0, others={0: 1.0, 1: 1.0})
+    monkeypatch.setenv(host_load.SWITCH, "0")
+    assert host_load.idle_cores() == 2
+    monkeypatch.setenv(host_load.SWITCH, "1")
+    assert host_load.idle_cores() == 1  # never fewer than one
+    host.advance(1.0, own=0.0, others={0: 1.0, 1: 1.0})
+    host.path.unlink()
+    assert host_load.idle_cores() == 2
+    monkeypatch.setenv(host_load.SWITCH, "sometimes")
+    with pytest.raises(ValueError, match=host_load.SWITCH):
+        host_load.idle_cores()
+
+
+def test_a_kernel_that_yields_cores_gives_the_same_answer(monkeypatch):
+    """The random walk runs on the idle cores only; its answer is the same bits on any thread count."""
+    numba = pytest.importorskip("numba")
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs a Numba pool of two threads or more")
+    from core.backends import numba_threads
+    from plugins.example.numba_kernel import solve_numba
+    from plugins.example.problem import RandomWalkProblem
+
+    problem = RandomWalkProblem(n_walkers=4001, n_steps=33, seed=11)
+    seen: list[int] = []
+    real = numba_threads.host_load.idle_cores
+    for idle in (1, 2):
+        monkeypatch.setattr(numba_threads.host_load, "idle_cores", lambda idle=idle: idle)
+        with numba_threads.threads_at_most(problem.n_walkers) as threads:
+            seen.append(threads)
+        if idle == 1:
+            busy = solve_numba(problem)
+        else:
+            quiet = solve_numba(problem)
+    monkeypatch.setattr(numba_threads.host_load, "idle_cores", real)
+    assert seen == [1, 2]
+    assert quiet.keys() == busy.keys()
+    for name in quiet:
+        assert quiet[name].tobytes() == busy[name].tobytes(), name

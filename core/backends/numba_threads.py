@@ -19,8 +19,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from core.backend import Availability, Backend, host_free_memory, usable_cores
-from core.backends import openmp_spin
+from core.backends import host_load, openmp_spin
 from core.backends.core_lending import cores_for_this_task
+from core.validation import env_flag
 
 # here, at import: every process of crossover's (the caller, a pool or dask worker) imports this module
 # before any Numba kernel runs, and the OpenMP runtime reads the settings once, when Numba loads it
@@ -53,22 +54,26 @@ def pool_size() -> int:
 
 
 def use_idle_cores() -> int:
-    """Before a parallel kernel inside a task of a local map: take the cores idle workers left.
+    """Before a parallel kernel: the thread count it may use now, taking idle workers' cores and leaving busy ones.
 
-    Outside such a task (a process-pool task, or one on a dask cluster this
-    process started) this changes nothing. Inside one, Numba runs on the
-    number of cores :func:`core.backends.core_lending.cores_for_this_task`
-    grants (one while other tasks still wait). Returns the thread count the
-    next kernel will use. Kernels whose result does not depend on the thread
-    count (private partial sums, per-item random streams) can call this
-    freely: it changes their speed, never their answer.
+    Inside a task of a local map (a process-pool task, or one on a dask
+    cluster this process started) Numba is set to the number of cores
+    :func:`core.backends.core_lending.cores_for_this_task` grants (one while
+    other tasks still wait), and that is returned. Elsewhere nothing is set,
+    and the answer is Numba's thread count less the cores other processes
+    keep busy (:func:`core.backends.host_load.idle_cores`): beside one
+    CPU-bound process a two-thread kernel on the 2-core VM waited out time
+    slices at its barriers. Only for kernels whose result does not depend
+    on the thread count (private partial sums, per-item random streams):
+    it changes their speed, never their answer.
     """
     import numba
 
     cores = cores_for_this_task()
     if cores is not None:
         numba.set_num_threads(min(cores, numba.config.NUMBA_NUM_THREADS))
-    return int(numba.get_num_threads())
+        return int(numba.get_num_threads())
+    return min(int(numba.get_num_threads()), host_load.idle_cores())
 
 
 @contextmanager
@@ -140,7 +145,8 @@ def _describe() -> dict[str, Any]:
     import numba
 
     info: dict[str, Any] = {"device": "cpu", "numba": numba.__version__, "threads": threads(),
-                            "openmp_spin": openmp_spin.describe()}
+                            "openmp_spin": openmp_spin.describe(),
+                            "yield_busy_cores": env_flag(host_load.SWITCH, default=True)}
     try:
         info["threading_layer"] = numba.threading_layer()
     except ValueError:  # only known after the first parallel kernel ran

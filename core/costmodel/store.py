@@ -196,9 +196,11 @@ def _process_start_method() -> str:
 _BACKEND_PRINTS: dict[str, Callable[[], dict[str, Any]]] = {
     "numpy": lambda: {"numpy": _version("numpy"), "scipy": _version("scipy"),
                       **_env("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},
-    # how long OpenMP's idle threads spin (core/backends/openmp_spin.py) changes small kernels' times too
+    # how long OpenMP's idle threads spin (core/backends/openmp_spin.py) changes small kernels' times too, and
+    # so does yielding busy cores (core/backends/host_load.py)
     "numba": lambda: {"numba": _version("numba"), **_env("NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER",
-                                                          "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")},
+                                                          "GOMP_SPINCOUNT", "OMP_WAIT_POLICY",
+                                                          "CROSSOVER_YIELD_BUSY_CORES")},
     # workers run numpy and numba kernels with one thread each: the parent's thread settings do not matter
     "process": lambda: {"workers": _process_workers(), "start_method": _process_start_method(),
                         "numpy": _version("numpy"), "numba": _version("numba")},

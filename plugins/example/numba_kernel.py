@@ -12,7 +12,7 @@ import numpy as np
 from numba import prange
 
 from core.backends.numba_random import normal_pair, stream_keys
-from core.backends.numba_threads import jit
+from core.backends.numba_threads import jit, threads_at_most
 from plugins.example.problem import RandomWalkProblem
 from plugins.example.reference import chunk_stats, merge
 
@@ -33,8 +33,9 @@ def _walk(n_walkers, n_steps, step_std, drift, keys):
 
 
 def solve_numba(problem: RandomWalkProblem) -> dict[str, np.ndarray]:
-    positions = _walk(problem.n_walkers, problem.n_steps, problem.step_std, problem.drift,
-                      stream_keys(problem.seed, problem.n_walkers))
+    keys = stream_keys(problem.seed, problem.n_walkers)
+    with threads_at_most(problem.n_walkers):  # each walker has its own stream: any thread count, same answer
+        positions = _walk(problem.n_walkers, problem.n_steps, problem.step_std, problem.drift, keys)
     edges = problem.bin_edges()
     stats = [chunk_stats(positions[start:start + count], edges) for start, count in problem.chunks()]
     return merge(stats, edges)
