@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from core.backend import Backend
+from core.backends import host_load
 from core.errors import BackendUnavailableError, UnknownBackendError
 from core.registry import get_registry
 from core.running import probe, registered_backend
@@ -104,7 +105,10 @@ def map_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Mapping[str, np.ndarr
                           f"stop a task", RuntimeWarning, stacklevel=2)
     if warm_up is not None and _takes(runner.map, "warm_up"):
         options["warm_up"] = warm_up
-    return runner.map(fn, tasks, shared=shared, seed=seed, labels=labels, on_result=on_result, **options)
+    try:
+        return runner.map(fn, tasks, shared=shared, seed=seed, labels=labels, on_result=on_result, **options)
+    finally:
+        host_load.forget()  # the workers' CPU time was this map's: no reason for the next kernel to yield cores
 
 
 def _takes(mapper: Any, name: str) -> bool:

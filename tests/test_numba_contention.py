@@ -192,3 +192,25 @@ def test_a_kernel_that_yields_cores_gives_the_same_answer(monkeypatch):
     assert quiet.keys() == busy.keys()
     for name in quiet:
         assert quiet[name].tobytes() == busy[name].tobytes(), name
+
+
+def test_a_map_of_this_process_is_not_taken_for_another_process(tmp_path, monkeypatch):
+    """Its workers' CPU time was this process's own work: after the map, the next kernel takes every core."""
+    from core import tasks
+    from core.backend import Availability, Backend
+
+    def in_line(fn, items, shared=None, seed=None, labels=None, on_result=None):
+        return [fn(item, shared, seed) for item in items]
+
+    pool = Backend(name="inline", summary="maps here", probe=lambda: Availability(True), map=in_line)
+    monkeypatch.setattr(tasks, "backend_for_map", lambda name: pool)
+    host = FakeHost(tmp_path, monkeypatch)
+    host_load.idle_cores()
+    host.advance(1.0, own=0.0, others={0: 1.0, 1: 1.0})  # the map's workers, as /proc/stat sees them
+    assert host_load.idle_cores() == 1
+    assert tasks.map_tasks(_square, [1, 2, 3], backend="inline") == [1, 4, 9]
+    assert host_load.idle_cores() == 2
+
+
+def _square(task, shared, seed):
+    return task * task

@@ -89,6 +89,12 @@ def others_busy_cores() -> float:
     return _others
 
 
+def forget() -> None:
+    """Start a new window, with the others idle: after this process's own map, whose workers were the others."""
+    global _mark, _others
+    _mark, _others = None, 0.0
+
+
 def idle_cores() -> int:
     """How many of the cores this process may run on the others leave idle now: at least 1; all with the switch off."""
     usable = usable_cores()
