@@ -214,3 +214,28 @@ def test_a_map_of_this_process_is_not_taken_for_another_process(tmp_path, monkey
 
 def _square(task, shared, seed):
     return task * task
+
+
+@pytest.mark.parametrize(("items", "fewer", "more", "yields"), [
+    (2, 1, 2, True),  # the 2-core VM beside one process: each thread's share of a core halves anyway
+    (1518, 15, 16, True),  # many small items: the busiest thread gains about the yielded share
+    (16, 15, 16, False),  # a block per thread: on 15 threads one runs two blocks, twice the time
+    (64, 15, 16, False),  # 5 blocks for the busiest thread instead of 4
+    (3, 1, 2, True),
+])
+def test_cores_are_yielded_only_where_the_items_divide_over_the_rest(items, fewer, more, yields):
+    from core.backends import numba_threads
+
+    assert numba_threads._divides_as_well(items, fewer, more) is yields
+
+
+def test_a_kernel_of_few_blocks_keeps_its_threads(monkeypatch):
+    numba = pytest.importorskip("numba")
+    from core.backends import numba_threads
+
+    pool = int(numba.get_num_threads())
+    monkeypatch.setattr(numba_threads.host_load, "idle_cores", lambda: max(1, pool - 1))
+    assert numba_threads.threads_for(1) == 1
+    assert numba_threads.threads_for(10**6) == max(1, pool - 1)  # fine items: the busy core is left alone
+    if pool >= 4:  # a block per thread: yielding a core would double the busiest thread's work
+        assert numba_threads.threads_for(pool) == pool

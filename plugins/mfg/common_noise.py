@@ -62,7 +62,7 @@ def path_task(task: tuple, shared: Mapping[str, np.ndarray], seed) -> dict[str, 
     out = picard(conditional_problem(problem), hjb, fp, V_t=shifted_potential(problem, theta))
     # the threads its last particle step ran on: a path's lent cores only grow (idle workers' cores are
     # lent once no path waits), and each step takes at most those its particles can use
-    threads = min(numba_threads.use_idle_cores(), layout.threads_worth(problem.N)) if steps == "numba" else 1
+    threads = numba_threads.threads_for(layout.threads_worth(problem.N)) if steps == "numba" else 1
     return {"U": out["U"], "M": out["M"], "converged": out["converged"], "iterations": out["iterations"],
             "theta": theta, "seconds": time.perf_counter() - started, "threads": threads}
 
