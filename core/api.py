@@ -23,6 +23,7 @@ from core.costmodel.race import (
     Settled,
     Step,
     band_of,
+    learnt_nothing,
     next_step,
     settled_step,
     settles,
@@ -197,6 +198,12 @@ def _settled(spec: SolverSpec, problem: Any, race: Any, key: tuple) -> Settled |
     return settled
 
 
+def _no_one_off_left(decision: Plan) -> bool:
+    """Whether the plan weighed no unpaid one-off (or spread them over endless calls): paying one since, or
+    another call made, then changes nothing it decided."""
+    return decision.expected_calls == math.inf or not any(p.one_off_seconds for p in decision.predictions.values())
+
+
 def _ceiling(decision: Plan, used: str) -> float:
     """The lowest estimate of any contender but ``used``, as :func:`_step` saw them (one-offs spread)."""
     return min((band.centre for key, band in _estimated(decision).items() if key != used), default=math.inf)
@@ -279,14 +286,18 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
         # its outputs are the same: the timing is what counts
         confirmed = _run(spec, used, problem, nominal, sampling)[1]
     if racing and settled is None:
-        race.settled = (Settled(settled_key, step, _ceiling(decision, used), race.calls, decision)
-                        if settles(step, race) and not cold and confirmed is None else None)
+        settling = settles(step, race) and not cold and confirmed is None
+        unlearnt = not settling and learnt_nothing(step, race) and _no_one_off_left(decision)
+        race.settled = (Settled(settled_key, step, _ceiling(decision, used), race.calls, decision, unlearnt)
+                        if settling or unlearnt else None)
     predicted = decision.predictions.get(used)
     return Result(solver=spec.name, backend=used, seconds=seconds, outputs=outputs, plan=decision,
                   diagnostics={"problem": type(problem).__name__, "first_call": cold,
                                "step": step.reason + (f"; ran again to confirm its {seconds:.3g} s: {confirmed:.3g} s"
                                                       if confirmed is not None else "")
-                               + (f" (settled on call {settled.at}: not planned again)" if settled else ""),
+                               + (f" ({'as' if settled.unlearnt else 'settled on'} call {settled.at}"
+                                  f"{': nothing learnt since' if settled.unlearnt else ''}: not planned again)"
+                                  if settled else ""),
                                "explored": step.explore},
                   predicted_seconds=None if predicted is None else predicted.seconds)
 

@@ -233,13 +233,16 @@ def test_a_settled_loop_runs_its_leader_unplanned_until_a_run_passes_the_runner_
     monkeypatch.setattr(api, "plan", lambda *a, **k: planned.append(1) or plan(*a, **k))
     plan = core.plan
     problem = GridProblem(1_000, 10)
-    steps = []
+    steps, said = [], []
     for _ in range(12):
         before = len(planned)
         result = core.solve(problem, solver=spec.name, expected_calls=math.inf)
         steps.append((result.backend, len(planned) > before, "settled on call" in result.diagnostics["step"]))
+        said.append(result.diagnostics["step"])
     assert {backend for backend, _, _ in steps} == {"serial"}
-    assert all(full and not settled for _, full, settled in steps[:4])  # runs gathered: planned in full
+    # call 1's run is no warm sample: call 2 has learnt nothing, and reuses call 1's step unplanned
+    assert steps[0][1] and not steps[1][1] and "(as call 1: nothing learnt since: not planned again)" in said[1]
+    assert all(full and not settled for _, full, settled in steps[2:4])  # runs gathered: planned in full
     assert steps[7][1]  # call 8 may explore: planned in full
     reused = [settled and not full for _, full, settled in steps[4:7] + steps[8:]]
     assert sum(reused) >= 5, steps  # a sleep that overshoots past pool's 15 ms only costs a full plan
@@ -252,6 +255,36 @@ def test_a_settled_loop_runs_its_leader_unplanned_until_a_run_passes_the_runner_
     assert used[-1][0] == "pool", used  # once the slow runs outnumber the old (the loop's drift rule)
     takeover = [backend for backend, _ in used].index("pool")
     assert all(full for _, full in used[:takeover + 1]), used
+
+
+def test_a_second_call_reuses_the_first_only_while_nothing_it_weighed_has_changed(clean, monkeypatch):
+    """Call 1's run is no warm sample, so call 2 reuses its step; not where the plan weighed a one-off that
+    call 1 then paid (with a finite count of calls), nor once any warm run exists."""
+    import core.api as api
+
+    seen: set = set()
+    (spec,) = _install(_cold_first("synthetic.unlearnt", seen))
+    _calibrate(spec, "device", lambda p: 2.0e-2, GRID, one_off=0.18)
+    _calibrate(spec, "serial", lambda p: 4.0e-2, GRID)
+    planned = []
+    real = api.plan
+    monkeypatch.setattr(api, "plan", lambda *a, **k: planned.append(1) or real(*a, **k))
+
+    def loop(problem, calls, expected):
+        found = []
+        for _ in range(calls):
+            before = len(planned)
+            result = core.solve(problem, solver=spec.name, expected_calls=expected)
+            found.append((result.backend, len(planned) > before, result.diagnostics["step"]))
+        return found
+
+    endless = loop(GridProblem(3_000, 7), 3, math.inf)  # one-offs spread over endless calls weigh nothing
+    assert [full for _, full, _ in endless] == [True, False, True], endless
+    assert "as call 1: nothing learnt since" in endless[1][2]
+    assert {backend for backend, _, _ in endless} == {"device"}
+    with use(Planner.from_calibration(current())):  # device's compile unpaid: weighed over 8 calls
+        counted = loop(GridProblem(3_001, 7), 2, 8)
+    assert [full for _, full, _ in counted] == [True, True], counted
 
 
 def test_one_call_expected_never_explores(clean):

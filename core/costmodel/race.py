@@ -122,7 +122,9 @@ class Settled:
     ``key`` is what the step depended on besides the runs (the problem's
     numeric fields, the models' epoch, the expected calls); ``ceiling`` the
     lowest estimate of any other contender then; ``at`` the call it was
-    taken on; ``plan`` the plan it came from (any object: the caller's).
+    taken on; ``plan`` the plan it came from (any object: the caller's);
+    ``unlearnt`` whether it was taken only because the loop had learnt
+    nothing yet (:func:`learnt_nothing`).
     """
 
     key: tuple
@@ -130,6 +132,7 @@ class Settled:
     ceiling: float
     at: int
     plan: object
+    unlearnt: bool = False  # taken because the loop had learnt nothing (learnt_nothing): only until it has
 
 
 REPLAN_EVERY = 16  # a settled loop plans in full at least this often (and on calls 2, 4, 8, ...)
@@ -142,10 +145,27 @@ def settles(step: Step, race: Race) -> bool:
     return not step.explore and len(race.warm.get(step.implementation, [])) >= SPREAD_AFTER
 
 
+def learnt_nothing(step: Step, race: Race) -> bool:
+    """Whether a step just run can be reused because the loop still has no warm run of anything.
+
+    A first call's run is never a warm sample (it touches the problem's
+    pages first), nor is a cold one: after it the full step would decide
+    from exactly what it had (the models), and choose the same. So the
+    second call of a new problem reuses the first call's step, where
+    planning it again cost 40-55 us more than a call naming the backend on
+    the VM (a third of a 25 us HJB solve's loop). The caller checks what
+    else the step depended on (:func:`settled_step`'s ``key``, and that no
+    one-off the plan weighed has been paid since).
+    """
+    return not step.explore and not any(race.warm.values())
+
+
 def settled_step(race: Race, key: tuple) -> Settled | None:
     """The settled step this call may reuse, or None when it must plan in full.
 
-    A settled race reuses its last full step while everything it depended
+    A race that has learnt nothing since its last full step (no warm run
+    of anything: :func:`learnt_nothing`) reuses it while ``key`` holds. A
+    settled race reuses its last full step while everything it depended
     on is unchanged (``key``), no call may explore (calls 2, 4, 8, ... plan
     in full, and every :data:`REPLAN_EVERY`-th call), and the leader's
     latest warm run lies below every other contender's estimate then. The
@@ -158,6 +178,10 @@ def settled_step(race: Race, key: tuple) -> Settled | None:
     settled = race.settled
     if settled is None or settled.key != key or race.leader != settled.step.implementation:
         return None
+    if settled.unlearnt:
+        # taken after a call that learnt nothing: while there is still no warm run of anything, no trial
+        # can start and no estimate has moved, whichever call this is; after one, plan in full
+        return None if any(race.warm.values()) else settled
     call = race.calls + 1
     if exploring_call(call) or call - settled.at >= REPLAN_EVERY:
         return None
