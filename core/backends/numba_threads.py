@@ -120,10 +120,15 @@ def threads_at_most(work_items: int) -> Iterator[int]:
     """
     import numba
 
-    before = numba.get_num_threads()
+    before = int(numba.get_num_threads())
+    threads = threads_for(work_items)
+    if threads == before == int(numba.get_num_threads()):  # (lending may have set it) setting costs a
+        # microsecond a call, twice, and most calls keep the count
+        yield threads
+        return
     try:
-        numba.set_num_threads(threads_for(work_items))
-        yield int(numba.get_num_threads())
+        numba.set_num_threads(threads)
+        yield threads
     finally:
         numba.set_num_threads(before)
 
