@@ -75,7 +75,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from core.backend import Availability, Backend, usable_cores
-from core.backends import core_lending, pool_main
+from core.backends import core_lending, host_load, pool_main
 from core.errors import (
     BackendUnavailableError,
     TaskFailedError,
@@ -457,6 +457,7 @@ def _start_local_cluster(distributed) -> Any:
 def start() -> None:
     """Connect now (the backend's one-off cost, which the core times once per process)."""
     get_client()
+    host_load.forget()  # a local cluster's workers starting were this process's doing, not another's load
 
 
 def shutdown() -> None:

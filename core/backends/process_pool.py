@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from core.backend import Availability, Backend, host_free_memory, usable_cores
-from core.backends import core_lending, pool_lifeline, pool_main
+from core.backends import core_lending, host_load, pool_lifeline, pool_main
 from core.backends.core_lending import STARTED
 from core.errors import ProblemError, TaskFailedError, TaskTimeoutError, UnpicklableTaskError, WorkerCrashedError
 from core.seeded_tasks import ResultCallback, TaskFn, task_labels, task_seeds, task_timeout
@@ -212,6 +212,7 @@ def _on_every_worker(executor: ProcessPoolExecutor, job: Callable[[], object] | 
         raise
     finally:
         _release([marker])
+        host_load.forget()  # the workers' start and warm-up were this process's doing, not another's load
 
 
 def _check_in(index: int, marker: str, count: int, job: Callable[[], object] | None = None) -> int:
