@@ -177,7 +177,9 @@ def held_out_problems(spec: SolverSpec, quick: bool = True, count: int = 12, bey
 
 
 def _problem_key(problem: Any) -> tuple:
-    return tuple(sorted((k, repr(v)) for k, v in vars(problem).items() if not isinstance(v, np.ndarray)))
+    # private attributes are values derived and kept on the problem (by plugins, by the planner), not fields
+    return tuple(sorted((k, repr(v)) for k, v in vars(problem).items()
+                        if not k.startswith("_") and not isinstance(v, np.ndarray)))
 
 
 def _beyond_ladder(spec: SolverSpec, quick: bool, design_keys: set) -> list:

@@ -91,13 +91,25 @@ def numeric_fields(problem: Any) -> dict[str, float]:
     problem (``_largest``, ``_expected_bandwidth``), and counted as fields
     they changed a problem's key between its first call and its second.
     """
+    fields = getattr(problem, "__dict__", {})
+    kept = fields.get(_FIELDS_KEPT)
+    if kept is not None:
+        return dict(kept)
     found = {}
-    for name, value in getattr(problem, "__dict__", {}).items():
+    for name, value in fields.items():
         if name.startswith("_"):
             continue
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value):
             found[name] = float(value)
+    params = getattr(type(problem), "__dataclass_params__", None)
+    if params is not None and params.frozen:
+        # a frozen problem's fields never change: kept on it, as plugins keep their derived values (each
+        # call asked three times, 3 us each on the VM for an HJB problem)
+        object.__setattr__(problem, _FIELDS_KEPT, dict(found))
     return found
+
+
+_FIELDS_KEPT = "_crossover_numeric_fields"
 
 
 class Planner:
