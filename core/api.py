@@ -176,12 +176,19 @@ def _step(spec: SolverSpec, decision: Plan, nominal: Mapping[str, float], expect
     race = current().race(spec, nominal)
     # an unset count expects this problem to run as often again as it has so far (at least once more)
     calls_left = expected_calls - race.calls if expected_calls is not None else race.calls + 1
-    return next_step(_estimated(decision), race, decision.backend, calls_left)
+    return next_step(_estimated(decision), race, decision.backend, calls_left, _owed(decision))
 
 
 def _contenders(decision: Plan) -> dict[str, Any]:
     """The plan's predictions of the implementations that may run: not excluded, and predicted."""
     return {key: p for key, p in decision.predictions.items() if key not in decision.excluded and p.seconds is not None}
+
+
+def _owed(decision: Plan) -> dict[str, float]:
+    """Each contender's unpaid one-off less the share its estimate carries (:func:`_estimated`): what a trial
+    of it pays on top of its estimate."""
+    return {key: p.one_off_seconds * (1 - 1 / decision.expected_calls) for key, p in _contenders(decision).items()
+            if p.one_off_seconds}
 
 
 def _estimated(decision: Plan) -> dict[str, Any]:

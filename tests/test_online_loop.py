@@ -33,6 +33,7 @@ from core.costmodel.race import (
     next_step,
     payback_calls,
     sample_spread,
+    worth_trying,
 )
 from tests.test_selection import GRID, GridProblem, _calibrate, _install, _spec
 
@@ -107,6 +108,20 @@ def test_a_contender_as_good_within_its_error_is_tried_and_dropped_when_the_data
         race.add("b", seconds, cold=False)
     settled = _next({"a": (1.0, 0.1), "b": (1.05, 0.1)}, race)
     assert settled.implementation == "a" and settled.dropped == ("b",) and not settled.explore
+
+
+def test_a_trial_pays_the_contenders_unpaid_one_off_whole():
+    """At expected_calls=inf a one-off weighs nothing in the estimates, but the trial call pays it: a trial
+    whose one-off the horizon's savings cannot repay is not made."""
+    race = _race()
+    for seconds in (1.00, 1.01, 0.99):
+        race.add("a", seconds, cold=False)
+    guesses = {"a": (1.0, 0.1), "b": (1.05, 0.1)}
+    assert next_step(bands(guesses, race), race, "a", math.inf, {"b": 0.001}).explore  # a small one-off
+    step = next_step(bands(guesses, race), race, "a", math.inf, {"b": 5.0})  # a pool's first map, say
+    assert step.implementation == "a" and not step.explore
+    assert not worth_trying(estimate((0.5, 0.1), []), estimate((1.0, 0.1), [1.0]), 3, owed=5.0)
+    assert worth_trying(estimate((0.5, 0.1), []), estimate((1.0, 0.1), [1.0]), 3, owed=0.5)
 
 
 def test_a_contender_the_models_place_far_behind_is_never_tried():
