@@ -8,9 +8,11 @@ catch a loop that keeps a cold sample.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -598,3 +600,28 @@ def test_a_run_beside_a_background_warm_up_is_no_warm_sample(clean, monkeypatch)
     monkeypatch.setattr(core.api, "warming", lambda: False)
     core.solve(problem, solver=spec.name, expected_calls=math.inf)
     assert len(race.warm["device"]) == 1
+
+
+@dataclass(frozen=True)
+class _Frozen:
+    n: int = 3
+    tol: float = 1e-6
+    name: str = "x"
+
+
+@dataclass
+class _Mutable:
+    n: int = 3
+
+
+def test_a_frozen_problems_fields_are_kept_on_it_and_a_mutable_ones_are_read_each_time():
+    frozen = _Frozen()
+    first = planning.numeric_fields(frozen)
+    assert first == {"n": 3.0, "tol": 1e-6}
+    first["n"] = 99.0  # the caller's copy: the kept fields are not changed through it
+    assert planning.numeric_fields(frozen) == {"n": 3.0, "tol": 1e-6}
+    assert frozen == _Frozen() and dataclasses.asdict(frozen) == {"n": 3, "tol": 1e-6, "name": "x"}
+    mutable = _Mutable()
+    assert planning.numeric_fields(mutable) == {"n": 3.0}
+    mutable.n = 5  # a user changed the problem between calls: the next call sees it
+    assert planning.numeric_fields(mutable) == {"n": 5.0}

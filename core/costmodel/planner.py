@@ -102,7 +102,7 @@ def numeric_fields(problem: Any) -> dict[str, float]:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value):
             found[name] = float(value)
     params = getattr(type(problem), "__dataclass_params__", None)
-    if params is not None and params.frozen:
+    if params is not None and params.frozen and hasattr(problem, "__dict__"):  # (slots: nowhere to keep it)
         # a frozen problem's fields never change: kept on it, as plugins keep their derived values (each
         # call asked three times, 3 us each on the VM for an HJB problem)
         object.__setattr__(problem, _FIELDS_KEPT, dict(found))
