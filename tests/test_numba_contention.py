@@ -239,3 +239,20 @@ def test_a_kernel_of_few_blocks_keeps_its_threads(monkeypatch):
     assert numba_threads.threads_for(10**6) == max(1, pool - 1)  # fine items: the busy core is left alone
     if pool >= 4:  # a block per thread: yielding a core would double the busiest thread's work
         assert numba_threads.threads_for(pool) == pool
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_starts_its_own_window(tmp_path, monkeypatch):
+    """Its CPU time starts at zero: the parent's window would read the parent's work as the others'."""
+    host = FakeHost(tmp_path, monkeypatch)
+    host_load.idle_cores()
+    host.advance(1.0, own=0.5, others={})
+    host_load.idle_cores()
+    assert host_load._mark is not None
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report whether it kept the parent's window
+        os.write(write, b"kept" if host_load._mark is not None else b"fresh")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 16) == b"fresh"

@@ -95,6 +95,10 @@ def forget() -> None:
     _mark, _others = None, 0.0
 
 
+if hasattr(os, "register_at_fork"):  # a forked child's own CPU time starts at zero: the parent's window is not its
+    os.register_at_fork(after_in_child=forget)
+
+
 def idle_cores() -> int:
     """How many of the cores this process may run on the others leave idle now: at least 1; all with the switch off."""
     usable = usable_cores()
