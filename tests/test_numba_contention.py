@@ -256,3 +256,13 @@ def test_a_forked_child_starts_its_own_window(tmp_path, monkeypatch):
         os._exit(0)
     os.waitpid(pid, 0)
     assert os.read(read, 16) == b"fresh"
+
+
+@pytest.mark.parametrize(("others", "idle"), [(0.0, 4), (0.45, 4), (0.55, 3), (0.67, 3), (0.99, 3), (1.4, 3),
+                                              (1.6, 2), (9.0, 1)])
+def test_a_core_is_yielded_once_others_use_half_of_it(monkeypatch, others, idle):
+    """A competitor sharing the cores with this process's threads gets only part of one: it still counts."""
+    monkeypatch.setattr(host_load, "usable_cores", lambda: 4)
+    monkeypatch.setattr(host_load, "others_busy_cores", lambda: others)
+    monkeypatch.delenv(host_load.SWITCH, raising=False)
+    assert host_load.idle_cores() == idle
