@@ -103,9 +103,14 @@ if hasattr(os, "register_at_fork"):  # a forked child's own CPU time starts at z
     os.register_at_fork(after_in_child=forget)
 
 
+def enabled() -> bool:
+    """Whether kernels yield busy cores here (``CROSSOVER_YIELD_BUSY_CORES``, on unless set off)."""
+    return env_flag(SWITCH, default=True)
+
+
 def idle_cores() -> int:
     """How many of the cores this process may run on the others leave idle now: at least 1; all with the switch off."""
     usable = usable_cores()
-    if not env_flag(SWITCH, default=True):
+    if not enabled():
         return usable
     return max(1, min(usable, usable - int(others_busy_cores() + 1 - YIELD_AT)))

@@ -22,7 +22,6 @@ from typing import Any
 from core.backend import Availability, Backend, host_free_memory, usable_cores
 from core.backends import host_load, openmp_spin
 from core.backends.core_lending import cores_for_this_task
-from core.validation import env_flag
 
 # here, at import: every process of crossover's (the caller, a pool or dask worker) imports this module
 # before any Numba kernel runs, and the OpenMP runtime reads the settings once, when Numba loads it
@@ -71,11 +70,19 @@ def use_idle_cores() -> int:
     """
     import numba
 
+    lent = _take_lent_cores()
+    return lent if lent is not None else min(int(numba.get_num_threads()), host_load.idle_cores())
+
+
+def _take_lent_cores() -> int | None:
+    """Inside a task of a local map: set Numba to the cores lent to it now, and return that count; else None."""
     cores = cores_for_this_task()
-    if cores is not None:
-        numba.set_num_threads(min(cores, numba.config.NUMBA_NUM_THREADS))
-        return int(numba.get_num_threads())
-    return min(int(numba.get_num_threads()), host_load.idle_cores())
+    if cores is None:
+        return None
+    import numba
+
+    numba.set_num_threads(min(cores, numba.config.NUMBA_NUM_THREADS))
+    return int(numba.get_num_threads())
 
 
 def threads_for(work_items: int) -> int:
@@ -90,12 +97,13 @@ def threads_for(work_items: int) -> int:
     of many small items (1,518 walkers) loses only the yielded share.
     """
     items = max(1, int(work_items))
-    idle = use_idle_cores()
-    if cores_for_this_task() is not None:  # lent cores: use_idle_cores set them
-        return min(items, idle)
+    lent = _take_lent_cores()
+    if lent is not None:
+        return min(items, lent)
     import numba
 
     threads = min(items, int(numba.get_num_threads()))
+    idle = host_load.idle_cores()
     return idle if idle < threads and _divides_as_well(items, idle, threads) else threads
 
 
@@ -179,7 +187,7 @@ def _describe() -> dict[str, Any]:
 
     info: dict[str, Any] = {"device": "cpu", "numba": numba.__version__, "threads": threads(),
                             "openmp_spin": openmp_spin.describe(),
-                            "yield_busy_cores": env_flag(host_load.SWITCH, default=True)}
+                            "yield_busy_cores": host_load.enabled()}
     try:
         info["threading_layer"] = numba.threading_layer()
     except ValueError:  # only known after the first parallel kernel ran

@@ -633,6 +633,8 @@ def _log_table(seen: list, names: tuple[str, ...]) -> np.ndarray:
 
 
 _MISSING = object()
+FITS_KEPT = 256
+_FITS_LOCK = threading.Lock()
 
 
 def _shared(cache: dict[tuple, T], key: tuple, make: Callable[[], T]) -> T:
@@ -645,8 +647,6 @@ def _shared(cache: dict[tuple, T], key: tuple, make: Callable[[], T]) -> T:
             while len(cache) > FITS_KEPT:
                 del cache[next(iter(cache))]
     return found
-FITS_KEPT = 256
-_FITS_LOCK = threading.Lock()
 
 
 def fit_once(samples: list[Sample], names: Sequence[str]) -> CostModel:
