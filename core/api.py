@@ -211,9 +211,14 @@ def _no_one_off_left(decision: Plan) -> bool:
     return decision.expected_calls == math.inf or not any(p.one_off_seconds for p in decision.predictions.values())
 
 
-def _ceiling(decision: Plan, used: str) -> float:
-    """The lowest estimate of any contender but ``used``, as :func:`_step` saw them (one-offs spread)."""
-    return min((band.centre for key, band in _estimated(decision).items() if key != used), default=math.inf)
+def _settling(key: tuple, step: Step, decision: Plan, calls: int, unlearnt: bool) -> Settled:
+    """The step later calls may reuse: with the lowest estimate of any other contender (the ceiling its
+    leader's runs must stay under) and the leader's own, as :func:`_step` saw them (one-offs spread)."""
+    estimated = _estimated(decision)
+    used = step.implementation
+    ceiling = min((band.centre for key, band in estimated.items() if key != used), default=math.inf)
+    own = estimated[used].centre if used in estimated else math.inf
+    return Settled(key, step, ceiling, calls, decision, unlearnt, own)
 
 
 def _worth_confirming(decision: Plan, race: Any, used: str) -> bool:
@@ -281,6 +286,7 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     used = step.implementation
     _refuse_if_too_long(spec, problem, decision, used, limit)
     first_touch = race.calls == 0
+    learnt = any(race.warm.values())  # before this call's run: what a reused step had seen
     race.calls += 1
     race.explored += step.explore
     if not step.explore:
@@ -295,18 +301,23 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     if racing and settled is None:
         settling = settles(step, race) and not cold and confirmed is None
         unlearnt = not settling and learnt_nothing(step, race) and _no_one_off_left(decision)
-        race.settled = (Settled(settled_key, step, _ceiling(decision, used), race.calls, decision, unlearnt)
-                        if settling or unlearnt else None)
+        race.settled = _settling(settled_key, step, decision, race.calls, unlearnt) if settling or unlearnt else None
     predicted = decision.predictions.get(used)
     return Result(solver=spec.name, backend=used, seconds=seconds, outputs=outputs, plan=decision,
                   diagnostics={"problem": type(problem).__name__, "first_call": cold,
                                "step": step.reason + (f"; ran again to confirm its {seconds:.3g} s: {confirmed:.3g} s"
                                                       if confirmed is not None else "")
                                + (f" ({'as' if settled.unlearnt else 'settled on'} call {settled.at}"
-                                  f"{': nothing learnt since' if settled.unlearnt else ''}: not planned again)"
-                                  if settled else ""),
+                                  f"{_since(settled, learnt)}: not planned again)" if settled else ""),
                                "explored": step.explore},
                   predicted_seconds=None if predicted is None else predicted.seconds)
+
+
+def _since(settled: Settled, learnt: bool) -> str:
+    """What a reused step's reason adds: why the loop did not plan again (race.settled_step)."""
+    if not settled.unlearnt:
+        return ""
+    return ": its runs since lie under every other estimate" if learnt else ": nothing learnt since"
 
 
 def _refuse_if_too_long(spec: SolverSpec, problem: Any, decision: Plan, key: str, limit: float) -> None:

@@ -259,7 +259,9 @@ def test_a_settled_loop_runs_its_leader_unplanned_until_a_run_passes_the_runner_
     assert {backend for backend, _, _ in steps} == {"serial"}
     # call 1's run is no warm sample: call 2 has learnt nothing, and reuses call 1's step unplanned
     assert steps[0][1] and not steps[1][1] and "(as call 1: nothing learnt since: not planned again)" in said[1]
-    assert all(full and not settled for _, full, settled in steps[2:4])  # runs gathered: planned in full
+    # call 2's warm run of serial lies under pool's estimate: call 3 runs serial again, unplanned
+    assert not steps[2][1] and "(as call 1: its runs since lie under every other estimate" in said[2]
+    assert steps[3][1] and not steps[3][2]  # call 4 may explore: planned in full
     assert steps[7][1]  # call 8 may explore: planned in full
     reused = [settled and not full for _, full, settled in steps[4:7] + steps[8:]]
     assert sum(reused) >= 5, steps  # a sleep that overshoots past pool's 15 ms only costs a full plan
@@ -295,13 +297,43 @@ def test_a_second_call_reuses_the_first_only_while_nothing_it_weighed_has_change
             found.append((result.backend, len(planned) > before, result.diagnostics["step"]))
         return found
 
-    endless = loop(GridProblem(3_000, 7), 3, math.inf)  # one-offs spread over endless calls weigh nothing
-    assert [full for _, full, _ in endless] == [True, False, True], endless
+    endless = loop(GridProblem(3_000, 7), 4, math.inf)  # one-offs spread over endless calls weigh nothing
+    assert [full for _, full, _ in endless] == [True, False, False, True], endless
     assert "as call 1: nothing learnt since" in endless[1][2]
+    assert "as call 1: its runs since lie under every other estimate" in endless[2][2]
     assert {backend for backend, _, _ in endless} == {"device"}
     with use(Planner.from_calibration(current())):  # device's compile unpaid: weighed over 8 calls
         counted = loop(GridProblem(3_001, 7), 2, 8)
     assert [full for _, full, _ in counted] == [True, True], counted
+
+
+def _unlearnt(ceiling=1.0, estimate=0.5, leader="a"):
+    step = race_rule.Step(leader, False, "the plan's pick")
+    return race_rule.Settled(("key",), step, ceiling, 1, None, unlearnt=True, estimate=estimate)
+
+
+def test_a_step_taken_before_anything_ran_warm_stands_while_its_leaders_runs_confirm_it():
+    race = _race(calls=1)
+    race.leader, race.settled = "a", _unlearnt()
+    assert race_rule.settled_step(race, ("key",)) is race.settled  # call 2: nothing warm yet
+    assert race_rule.settled_step(race, ("other key",)) is None  # a field, the models or the calls changed
+    race.add("a", 0.9, cold=False)
+    race.calls = 2
+    assert race_rule.settled_step(race, ("key",)) is race.settled  # call 3: under the others' estimates
+    race.calls = 3
+    assert race_rule.settled_step(race, ("key",)) is None  # call 4 may explore: planned in full
+    race.calls = 2
+    race.warm["a"] = [0.995]  # within the clock's jitter of the ceiling: the plan's pick may keep a tie
+    assert race_rule.settled_step(race, ("key",)) is None
+    race.warm["a"] = [0.9]
+    race.settled = _unlearnt(estimate=0.99)  # the plan's pick by simplicity, within its margin of another
+    assert race_rule.settled_step(race, ("key",)) is None
+    race.settled = _unlearnt()
+    race.add("b", 2.0, cold=False)  # another contender ran warm: its estimate moved
+    assert race_rule.settled_step(race, ("key",)) is None
+    del race.warm["b"]
+    race.explored = 1
+    assert race_rule.settled_step(race, ("key",)) is None
 
 
 def test_one_call_expected_never_explores(clean):
@@ -436,6 +468,31 @@ def test_expected_work_is_learnt_from_work_done(clean):
     plan = core.plan(GridProblem(500, 40), solver=spec.name)
     assert plan.expected_work == {"m": 20.0}
     assert plan.predictions["serial"].seconds == pytest.approx(20e-3, rel=0.05)
+
+
+def test_a_work_table_grows_by_a_row_and_matches_one_made_afresh(clean, monkeypatch):
+    """Each solve adds an observation; the table of log fields the nearest-work search reads grows by its row
+    (kept to the latest WORK_KEEP, as the observations are), and is what rebuilding it would give."""
+    monkeypatch.setattr(planning, "WORK_KEEP", 12)
+    spec = _spec("synthetic.grows", {"serial": _sleeper(0.0)}, work_done=lambda p, outputs: {"n": float(p.n),
+                                                                                              "m": p.m / 2})
+    (spec,) = _install(spec)
+    planner = current()
+    records = [planning.sample_record(spec, "serial", p, 1e-3, "calibration", {"n": np.array(p.n)}) for p in GRID]
+    planner.record_calibration(spec, "serial", records, 0.0, {})
+    problem = GridProblem(500, 40)
+    names = tuple(planning.numeric_fields(problem))
+    for step in range(20):
+        planner.expected_work(spec, problem, spec.features(problem))  # makes (or reuses) the table
+        seen = planner._work_seen(spec)
+        kept = planning._WORK_TABLES[(id(seen), names)]
+        assert kept[0] is seen and len(seen) == min(len(GRID) + step, 12)
+        np.testing.assert_array_equal(kept[1], planning._log_table(seen, names))
+        ran = GridProblem(100 + 37 * step, 3 + step)
+        planner.record_solve(spec, "serial", planning.sample_record(spec, "serial", ran, 1e-3, "solve",
+                                                                    {"n": np.array(ran.n)}))
+        grown = planner._work_seen(spec)
+        assert grown is not seen and (id(grown), names) in planning._WORK_TABLES  # grown, not made on next use
 
 
 def _counted(seconds, runs):

@@ -134,6 +134,7 @@ class Planner:
         self._tag = f"{os.getpid()}-{time.time_ns()}"  # this planner's process, among those the store remembers
         self._races: dict[tuple[str, tuple], Race] = {}
         self._work: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {}
+        self._work_names: dict[str, set[tuple[str, ...]]] = {}  # the field names each solver's table was made for
         self._warned: set[tuple[str, str, tuple]] = set()
         self._retaken: set[tuple[str, str]] = set()
         self._pending: list[tuple[str, str, str, dict[str, Any]]] = []
@@ -376,6 +377,7 @@ class Planner:
         # a list of observations is never changed in place (_add_work makes a new one), so it is its
         # table's key; the entry holds the list, so its id is not reused while the table is kept
         table = _shared(_WORK_TABLES, (id(seen), names), lambda: (seen, _log_table(seen, names)))[1]
+        self._work_names.setdefault(spec.name, set()).add(names)
         missing = np.isnan(table)
         distance = np.where(missing, 0.0, (table - np.log([here[n] for n in names])) ** 2).sum(axis=1)
         distance = distance + missing.sum(axis=1)
@@ -383,9 +385,23 @@ class Planner:
         return [int(i) for i in np.argsort(distance, kind="stable")[:WORK_NEIGHBOURS]]
 
     def _add_work(self, spec: SolverSpec, record: Mapping[str, Any]) -> None:
-        if "nominal" in record and "fields" in record:
-            seen = self._work_seen(spec)  # a new list: the old one may be shared (_work_seen)
-            self._work[spec.name] = [*seen, _work_observation(record)][-WORK_KEEP:]
+        """Add a solve's work observation, and a row to each log table made for the old list.
+
+        The tables grow by a row: made afresh from the observations, a
+        long-lived planner's first call on each new problem rebuilt one over
+        up to :data:`WORK_KEEP` of them, and its overhead grew from 0.29 ms
+        to 0.77 ms over 200 small HJB problems on the VM.
+        """
+        if "nominal" not in record or "fields" not in record:
+            return
+        seen = self._work_seen(spec)  # a new list: the old one may be shared (_work_seen)
+        observation = _work_observation(record)
+        grown = self._work[spec.name] = [*seen, observation][-WORK_KEEP:]
+        for names in self._work_names.get(spec.name, ()):
+            kept = _WORK_TABLES.get((id(seen), names))
+            if kept is not None and kept[0] is seen:
+                table = np.concatenate([kept[1], _log_table([observation], names)])[-WORK_KEEP:]
+                _shared(_WORK_TABLES, (id(grown), names), lambda table=table: (grown, table))
 
     # -- one-off costs -----------------------------------------------------------------
 

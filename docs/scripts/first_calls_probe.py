@@ -13,6 +13,11 @@ fresh wisdom store:
   compile the size triggers).
 - ``dg``: ``ml.dotgat``'s ``torch:optimized_compiled`` on batches 33, 32,
   64, 33 of one configuration: which batch sizes recompile.
+- ``hjb``: ``mfg.hjb_fdm`` on fifteen new small problems (Nx 23-51): the
+  median overhead (wall less kernel, us) of calls 1-3, auto against
+  naming numba, each loop on a fresh planner that first planned another
+  problem (as ``crossover evaluate``'s loops). What planning a new
+  problem costs a kernel of tens of microseconds.
 
 Each line: what ran, then per call (implementation, wall ms, kernel ms).
 """
@@ -76,7 +81,35 @@ def dotgat_batches() -> None:
         print("dotgat", batch, calls(spec.name, problem, "torch:optimized_compiled", 2))
 
 
-PARTS = {"rw": random_walk, "lr": linreg_graph, "dg": dotgat_batches}
+def overheads(solver: str, problem: object, backend: str, primer: object) -> list[float]:
+    """Calls 1-3 on a fresh planner that planned ``primer`` first: each call's wall less its kernel, in us."""
+    found = []
+    with use(Planner.from_calibration(current())):
+        core.plan(primer, solver=solver, expected_calls=math.inf, explain=False)
+        for _ in range(3):
+            began = time.perf_counter()
+            result = core.solve(problem, backend, solver=solver, expected_calls=math.inf)
+            found.append((time.perf_counter() - began - result.seconds) * 1e6)
+    return found
+
+
+def hjb_overhead() -> None:
+    import statistics
+
+    spec = get_solver("mfg.hjb_fdm")
+    ensure_calibrated(spec)
+    warm_the_process(spec, True)
+    primer = problem_from_params(spec, {"Nx": 21, "Nt": 12})
+    rows: dict[str, list[list[float]]] = {"auto": [], "numba": []}
+    for nx in range(23, 53, 2):
+        for backend, found in rows.items():  # a new problem object each: nothing cached on it
+            found.append(overheads(spec.name, problem_from_params(spec, {"Nx": nx}), backend, primer))
+    for backend, found in rows.items():
+        print(f"{backend:6s} overhead us, calls 1-3 (median of {len(found)} problems):",
+              [round(statistics.median(row[call] for row in found)) for call in range(3)])
+
+
+PARTS = {"rw": random_walk, "lr": linreg_graph, "dg": dotgat_batches, "hjb": hjb_overhead}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in PARTS:
