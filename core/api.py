@@ -23,6 +23,7 @@ from core.costmodel.race import (
     Settled,
     Step,
     band_of,
+    in_the_loops_conditions,
     learnt_nothing,
     next_step,
     settled_step,
@@ -176,7 +177,7 @@ def _step(spec: SolverSpec, decision: Plan, nominal: Mapping[str, float], expect
     race = current().race(spec, nominal)
     # an unset count expects this problem to run as often again as it has so far (at least once more)
     calls_left = expected_calls - race.calls if expected_calls is not None else race.calls + 1
-    return next_step(_estimated(decision), race, decision.backend, calls_left, _owed(decision))
+    return next_step(_estimated(decision, race), race, decision.backend, calls_left, _owed(decision))
 
 
 def _contenders(decision: Plan) -> dict[str, Any]:
@@ -191,10 +192,17 @@ def _owed(decision: Plan) -> dict[str, float]:
             if p.one_off_seconds}
 
 
-def _estimated(decision: Plan) -> dict[str, Any]:
-    """Each contender's band as the loop weighs it: its one-off still owed spread over the expected calls."""
-    return {key: band_of(p.seconds + p.one_off_seconds / decision.expected_calls, p.error or 0.0, p.samples)
-            for key, p in _contenders(decision).items()}
+def _estimated(decision: Plan, race: Any = None) -> dict[str, Any]:
+    """Each contender's band as the loop weighs it: its one-off still owed spread over the expected calls, and
+    (with the ``race``) in this loop's conditions (race.in_the_loops_conditions)."""
+    bands = {key: band_of(p.seconds + p.one_off_seconds / decision.expected_calls, p.error or 0.0, p.samples)
+             for key, p in _contenders(decision).items()}
+    return bands if race is None else _in_conditions(bands, decision, race)
+
+
+def _in_conditions(bands: dict[str, Any], decision: Plan, race: Any) -> dict[str, Any]:
+    models = {key: p.model_seconds for key, p in decision.predictions.items()}
+    return in_the_loops_conditions(bands, models, race, backend_of)
 
 
 def _settled(spec: SolverSpec, problem: Any, race: Any, key: tuple) -> Settled | None:
@@ -211,14 +219,20 @@ def _no_one_off_left(decision: Plan) -> bool:
     return decision.expected_calls == math.inf or not any(p.one_off_seconds for p in decision.predictions.values())
 
 
-def _settling(key: tuple, step: Step, decision: Plan, calls: int, unlearnt: bool) -> Settled:
+def _settling(key: tuple, step: Step, decision: Plan, race: Any, unlearnt: bool) -> Settled:
     """The step later calls may reuse: with the lowest estimate of any other contender (the ceiling its
-    leader's runs must stay under) and the leader's own, as :func:`_step` saw them (one-offs spread)."""
-    estimated = _estimated(decision)
+    leader's runs must stay under, its siblings' apart: race.Settled) and the leader's own, as :func:`_step`
+    weighs them (one-offs spread, in the loop's conditions as this call's run left them)."""
+    estimated = _estimated(decision, race)
     used = step.implementation
-    ceiling = min((band.centre for key, band in estimated.items() if key != used), default=math.inf)
+    others = {key: band for key, band in estimated.items() if key != used}
+
+    def lowest(keys: Any) -> float:
+        return min((others[key].centre for key in keys), default=math.inf)
+
+    kin = [key for key, band in others.items() if backend_of(key) == backend_of(used) and not band.samples]
     own = estimated[used].centre if used in estimated else math.inf
-    return Settled(key, step, ceiling, calls, decision, unlearnt, own)
+    return Settled(key, step, lowest(set(others) - set(kin)), race.calls, decision, unlearnt, own, lowest(kin))
 
 
 def _worth_confirming(decision: Plan, race: Any, used: str) -> bool:
@@ -228,6 +242,9 @@ def _worth_confirming(decision: Plan, race: Any, used: str) -> bool:
         return False
     others = {key: band_of(p.seconds, p.error or 0.0, p.samples) for key, p in _contenders(decision).items()
               if key != used}
+    # siblings in the conditions this run met: a sibling's bare model below a run slowed by the loop's
+    # conditions decides nothing (race.in_the_loops_conditions)
+    others = _in_conditions(others, decision, race)
     return worth_confirming((model.seconds, model.error or 0.0), race.warm.get(used, []), others)
 
 
@@ -295,13 +312,16 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     sampling = planning != "estimate" and step.contested and len(race.warm.get(used, [])) < SPREAD_AFTER
     outputs, seconds, cold = _run(spec, used, problem, nominal, sampling, first_touch)
     confirmed = None
-    if planning != "estimate" and not cold and _worth_confirming(decision, race, used):
+    # a trial is not run again: one that ran slow hands the next call back to the leader anyway
+    if planning != "estimate" and not cold and not step.explore and _worth_confirming(decision, race, used):
         # its outputs are the same: the timing is what counts
         confirmed = _run(spec, used, problem, nominal, sampling)[1]
     if racing and settled is None:
         settling = settles(step, race) and not cold and confirmed is None
-        unlearnt = not settling and learnt_nothing(step, race) and _no_one_off_left(decision)
-        race.settled = _settling(settled_key, step, decision, race.calls, unlearnt) if settling or unlearnt else None
+        # nothing learnt, and the next call would not try anything either (race.first_trial)
+        unlearnt = (not settling and learnt_nothing(step, race) and _no_one_off_left(decision)
+                    and not (step.contested and _step(spec, decision, nominal, expected_calls, planning).explore))
+        race.settled = _settling(settled_key, step, decision, race, unlearnt) if settling or unlearnt else None
     predicted = decision.predictions.get(used)
     return Result(solver=spec.name, backend=used, seconds=seconds, outputs=outputs, plan=decision,
                   diagnostics={"problem": type(problem).__name__, "first_call": cold,

@@ -28,6 +28,7 @@ class Prediction:
     one_off_seconds: float = 0.0
     error: float | None = None
     samples: int = 0  # warm runs of this problem in this planner that the estimate combines with the model
+    model_seconds: float | None = None  # the model's own prediction, before any run of this problem
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,22 @@ def test_nothing_warm_yet_runs_the_models_best():
     assert step.implementation == "a" and not step.explore
 
 
+def test_call_2_tries_a_contender_its_models_place_within_their_error_against_the_picks_model():
+    race = _race(calls=1)
+    race.add("a", 5.0, cold=True)  # call 1: the plan's pick, its first touch (no warm sample)
+    guesses = {"a": (4.0, 0.3), "b": (4.2, 0.3), "far": (40.0, 0.3)}
+    step = _next(guesses, race)
+    assert step.implementation == "b" and step.explore and step.contested
+    # not with its one-off unpaid (its run would be cold), nor one the models place far behind
+    assert next_step(bands(guesses, race), race, "a", math.inf, {"b": 0.5}).implementation == "a"
+    assert _next({"a": (4.0, 0.3), "far": (40.0, 0.3)}, race).implementation == "a"
+    assert not _next(guesses, _race(calls=0)).explore  # call 1 runs the pick
+    third = _race(calls=2)
+    third.add("a", 5.0, cold=True)
+    assert not _next(guesses, third).explore  # call 3 is off the schedule
+    assert not _next(guesses, race, calls_left=1).explore  # no call left after this one to profit
+
+
 def test_a_cold_run_is_never_compared_with_warm_ones():
     race = Race()
     race.add("a", 10.0, cold=True)  # a's first call paid a compile: 10x its warm time
@@ -334,6 +350,71 @@ def test_a_step_taken_before_anything_ran_warm_stands_while_its_leaders_runs_con
     del race.warm["b"]
     race.explored = 1
     assert race_rule.settled_step(race, ("key",)) is None
+
+
+def test_siblings_known_only_by_their_models_run_in_the_loops_conditions():
+    race = _race(calls=2)
+    race.add("numba:fused", 3.0, cold=False)
+    race.add("numba:fused", 2.6, cold=False)
+    estimated = {"numba:fused": race_rule.Band(2.5, 2.0, 3.0, 2), "numba:steps": race_rule.Band(2.2, 1.8, 2.6, 0),
+                 "torch": race_rule.Band(2.4, 2.0, 2.9, 0)}
+    models = {"numba:fused": 2.0, "numba:steps": 2.2, "torch": 2.4}
+    scaled = race_rule.in_the_loops_conditions(estimated, models, race, lambda key: key.split(":")[0])
+    assert scaled["numba:steps"].centre == pytest.approx(2.2 * 1.4)  # fused ran at 1.4x its model here
+    assert scaled["numba:steps"].low == pytest.approx(1.8 * 1.4) and scaled["numba:steps"].samples == 0
+    assert scaled["torch"] == estimated["torch"] and scaled["numba:fused"] == estimated["numba:fused"]
+    race.add("numba:steps", 2.0, cold=False)  # a sibling with runs of its own is estimated from them
+    estimated["numba:steps"] = race_rule.Band(2.1, 1.7, 2.5, 1)
+    assert race_rule.in_the_loops_conditions(estimated, models, race, lambda key: key.split(":")[0]) == estimated
+
+
+def test_an_unlearnt_step_weighs_its_siblings_in_the_conditions_its_runs_met():
+    race = _race(calls=2)
+    race.leader = "a"
+    race.settled = race_rule.Settled(("key",), race_rule.Step("a", False, "the plan's pick"), math.inf, 1, None,
+                                     unlearnt=True, estimate=4.0, kin=5.0)
+    race.add("a", 6.0, cold=False)  # 1.5x its model: its sibling would run at 7.5, not 5
+    assert race_rule.settled_step(race, ("key",)) is race.settled
+    race.settled = dataclasses.replace(race.settled, kin=4.2)  # a sibling's model just above the leader's
+    assert race_rule.settled_step(race, ("key",)) is race.settled  # 6.0 < 4.2 x 1.5 / 1.02
+    race.settled = dataclasses.replace(race.settled, kin=4.05)
+    assert race_rule.settled_step(race, ("key",)) is None  # 6.0 > 4.05 x 1.5 / 1.02: the full step decides
+    race.settled = dataclasses.replace(race.settled, kin=5.0)
+    race.settled = dataclasses.replace(race.settled, ceiling=5.5)  # another backend's estimate lies under the run
+    assert race_rule.settled_step(race, ("key",)) is None
+
+
+@pytest.mark.parametrize("keys, moves", [(("serial:fast", "serial:slow"), False), (("serial", "pool"), True)])
+def test_a_loop_slower_than_the_models_keeps_a_variant_but_checks_another_backend(clean, keys, moves):
+    """Every implementation runs 1.5-1.8x its model in this loop. A sibling (same backend) would too: the leader
+    is neither run again to confirm nor left. Another backend's model is taken as it is (a GPU does not share a
+    CPU's conditions): the slow run is confirmed, and call 3 moves to it."""
+    fast, slow = keys
+    (spec,) = _install(_spec("synthetic.conditions", {fast: _sleeper(0.0072), slow: _sleeper(0.009)}))
+    _calibrate(spec, fast, lambda p: 4e-3, GRID)
+    _calibrate(spec, slow, lambda p: 5e-3, GRID)
+    problem = GridProblem(2_000, 20)
+    results = [core.solve(problem, solver=spec.name, expected_calls=math.inf) for _ in range(3)]
+    steps = [result.diagnostics["step"] for result in results]
+    if moves:
+        assert "ran again to confirm" in steps[1] and results[2].backend == slow, steps
+    else:
+        assert [result.backend for result in results] == [fast] * 3, steps
+        assert not any("ran again to confirm" in step for step in steps), steps
+        assert "its runs since lie under every other estimate" in steps[2], steps
+
+
+def test_a_pick_its_models_hold_within_their_error_of_a_faster_contender_is_left_by_call_3(clean):
+    """The models put serial at 4 ms and pool at 4.2 ms, each to within about 30 %; in truth pool takes 2 ms.
+    Call 2 tries pool against serial's model (call 1 ran serial, and its run is no warm sample), and call 3
+    runs pool."""
+    spread = [1.3, 0.75, 1.0, 0.8, 1.25, 1.1, 0.7, 1.2, 1.0]
+    (spec,) = _install(_spec("synthetic.within", {"serial": _sleeper(0.006), "pool": _sleeper(0.002)}))
+    _calibrate(spec, "serial", lambda p: 4e-3 * spread[GRID.index(p)], GRID)
+    _calibrate(spec, "pool", lambda p: 4.2e-3 * spread[::-1][GRID.index(p)], GRID)
+    results = [core.solve(GridProblem(2_000, 20), solver=spec.name, expected_calls=math.inf) for _ in range(3)]
+    assert [(r.backend, r.diagnostics["explored"]) for r in results] == [
+        ("serial", False), ("pool", True), ("pool", False)], [r.diagnostics["step"] for r in results]
 
 
 def test_one_call_expected_never_explores(clean):

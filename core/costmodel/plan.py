@@ -132,11 +132,11 @@ def _model_prediction(spec: SolverSpec, problem: Any, key: str,
 def _with_runs(model: Prediction, warm: Sequence[float], one_off: float) -> Prediction:
     """The model's prediction with this process's unpaid one-off, and with warm runs of this problem if any."""
     if not warm:  # built directly: dataclasses.replace costs a steady-state plan a few microseconds a key
-        return Prediction(model.seconds, model.status, one_off, model.error, model.samples)
+        return Prediction(model.seconds, model.status, one_off, model.error, model.samples, model.seconds)
     # the model and the runs together (core.costmodel.race)
     guess = (max(model.seconds, 1e-12), model.error) if model.seconds is not None else None
     band = estimate(guess, list(warm))
-    return Prediction(band.centre, "measured", one_off, relative_error(band), len(warm))
+    return Prediction(band.centre, "measured", one_off, relative_error(band), len(warm), model.seconds)
 
 
 @dataclass(frozen=True)
