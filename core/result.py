@@ -27,7 +27,9 @@ class Prediction:
     status: str
     one_off_seconds: float = 0.0
     error: float | None = None
-    samples: int = 0  # warm runs of this problem in this planner that the estimate combines with the model
+    # warm runs of this problem in this planner that the estimate combines with the model (not those it set
+    # aside: a lone run above the model's band, until a second confirms it)
+    samples: int = 0
     model_seconds: float | None = None  # the model's own prediction, before any run of this problem
 
 

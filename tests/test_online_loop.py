@@ -353,19 +353,28 @@ def test_a_step_taken_before_anything_ran_warm_stands_while_its_leaders_runs_con
 
 
 def test_siblings_known_only_by_their_models_run_in_the_loops_conditions():
+    def family(key):
+        return key.split(":")[0]
+
     race = _race(calls=2)
+    race.leader = "numba:fused"  # the incumbent: what the calls that did not explore ran
     race.add("numba:fused", 3.0, cold=False)
     race.add("numba:fused", 2.6, cold=False)
     estimated = {"numba:fused": race_rule.Band(2.5, 2.0, 3.0, 2), "numba:steps": race_rule.Band(2.2, 1.8, 2.6, 0),
                  "torch": race_rule.Band(2.4, 2.0, 2.9, 0)}
     models = {"numba:fused": 2.0, "numba:steps": 2.2, "torch": 2.4}
-    scaled = race_rule.in_the_loops_conditions(estimated, models, race, lambda key: key.split(":")[0])
+    scaled = race_rule.in_the_loops_conditions(estimated, models, race, family)
     assert scaled["numba:steps"].centre == pytest.approx(2.2 * 1.4)  # fused ran at 1.4x its model here
     assert scaled["numba:steps"].low == pytest.approx(1.8 * 1.4) and scaled["numba:steps"].samples == 0
     assert scaled["torch"] == estimated["torch"] and scaled["numba:fused"] == estimated["numba:fused"]
-    race.add("numba:steps", 2.0, cold=False)  # a sibling with runs of its own is estimated from them
-    estimated["numba:steps"] = race_rule.Band(2.1, 1.7, 2.5, 1)
-    assert race_rule.in_the_loops_conditions(estimated, models, race, lambda key: key.split(":")[0]) == estimated
+    estimated["numba:steps"] = race_rule.Band(2.1, 1.7, 2.5, 1)  # a sibling with runs is estimated from them
+    assert race_rule.in_the_loops_conditions(estimated, models, race, family) == estimated
+    # a trial's run scales nothing: the incumbent (the plan's pick) has no warm run yet
+    trial = _race(calls=2)
+    trial.leader = "numba:steps"
+    trial.add("numba:fused", 7.2, cold=False)
+    estimated["numba:steps"] = race_rule.Band(2.2, 1.8, 2.6, 0)
+    assert race_rule.in_the_loops_conditions(estimated, models, trial, family) == estimated
 
 
 def test_an_unlearnt_step_weighs_its_siblings_in_the_conditions_its_runs_met():

@@ -136,7 +136,9 @@ def _with_runs(model: Prediction, warm: Sequence[float], one_off: float) -> Pred
     # the model and the runs together (core.costmodel.race)
     guess = (max(model.seconds, 1e-12), model.error) if model.seconds is not None else None
     band = estimate(guess, list(warm))
-    return Prediction(band.centre, "measured", one_off, relative_error(band), len(warm), model.seconds)
+    if not band.samples and model.seconds is not None:  # the runs set aside (race.estimate): the model's alone
+        return Prediction(model.seconds, model.status, one_off, model.error, 0, model.seconds)
+    return Prediction(band.centre, "measured", one_off, relative_error(band), band.samples, model.seconds)
 
 
 @dataclass(frozen=True)

@@ -53,15 +53,17 @@ The rule, pinned by ``tests/test_online_loop.py`` and stated in
    :data:`EXPLORE_HORIZON`), exceeds what the trial costs over the
    leader. The most promising goes first, only on calls 2, 4, 8, 16, ...
    of the problem (so the call after a trial runs the best estimate), at
-   most :data:`EXPLORE_AT_MOST` times per problem; and on call 3 (the
-   first that can try anything: call 1 is never warm) when the incumbent
-   kept the lead from a contender whose model extrapolates and lies below
-   the incumbent's whole band (:func:`challenged`). A contender the models
-   place far behind is never tried; one as good as the leader within its
-   error is.
+   most :data:`EXPLORE_AT_MOST` times per problem. Call 2 weighs its trial
+   against the plan's pick's model, since call 1 is never warm and nothing
+   has a warm run yet (:func:`first_trial`); a trial is never run again to
+   confirm it (a slow one hands the next call back to the leader). Call 3
+   tries the contender the incumbent kept from the lead when nothing was
+   tried yet, its model extrapolates and lies below the incumbent's whole
+   band (:func:`challenged`). A contender the models place far behind is
+   never tried; one as good as the leader within its error is.
 6. **Siblings share the loop's conditions.** An implementation known only
-   by its model whose backend's other implementations ran warm here is
-   estimated at its model times their median run over their models
+   by its model, of the incumbent's backend, is estimated at its model
+   times the incumbent's median warm run here over its model
    (:func:`in_the_loops_conditions`): a new problem's first calls run all
    of a backend's variants slower than calibration did, alike. Other
    backends are taken as their models say.
@@ -335,30 +337,34 @@ def bands(guesses: Mapping[str, tuple[float, float]], race: Race) -> dict[str, B
 
 def in_the_loops_conditions(estimated: Mapping[str, Band], models: Mapping[str, float | None], race: Race,
                             family: Callable[[str], str]) -> dict[str, Band]:
-    """Each contender known only by its model, scaled to this loop's conditions where its family ran here.
+    """The incumbent's siblings known only by their models, scaled to this loop's conditions.
 
     A family is the implementations of one backend (``numba:fused`` and
-    ``numba:steps``). The median warm run of each that ran here over its
-    model's prediction is how this loop runs them against the calibration
-    (a new problem's cold caches, the calls between runs); a sibling known
-    only by its model would run in the same conditions, so its band is
-    scaled by the family's median factor. Unscaled, a leader that ran 1.3-1.5x
-    its model on the VM (FP, linreg: so did every variant there) looked
-    slower than a sibling's bare model: the loop ran it again to confirm,
-    moved to the sibling on call 3, and ran that again too, at 1.8-2.1x the
-    total of calls naming the best. Other backends share fewer of the
-    conditions (a GPU's run against the CPU's), and stay as their models say.
+    ``numba:steps``). The incumbent's median warm run here over its model's
+    prediction is how this loop runs it against the calibration (a new
+    problem's cold caches, the calls between runs); a sibling known only by
+    its model would run in the same conditions, so its band is scaled by
+    that factor. Unscaled, a leader that ran 1.3-1.5x its model on the VM
+    (FP, linreg: so did every variant there) looked slower than a sibling's
+    bare model: the loop ran it again to confirm, moved to the sibling on
+    call 3, and ran that again too, at 1.8-2.1x the total of calls naming
+    the best. Only the incumbent's runs say it (what the calls that did not
+    explore ran, lone runs set aside by :func:`estimate` included): a
+    trial's run is of one contender, and a trial of linreg's numba:threads
+    on the VM that met a hiccup (3.6x its model) would have scaled the
+    plan's pick out of the race. Other backends share fewer of the
+    conditions (a GPU's run against the CPU's), and stay as their models
+    say.
     """
-    factors: dict[str, list[float]] = {}
-    for key, runs in race.warm.items():
-        model = models.get(key)
-        if runs and model and model > 0:
-            factors.setdefault(family(key), []).append(statistics.median(runs) / model)
+    incumbent = race.leader
+    runs = race.warm.get(incumbent) if incumbent is not None else None
+    model = models.get(incumbent) if incumbent is not None else None
+    if not runs or not model or model <= 0:
+        return dict(estimated)
+    factor = statistics.median(runs) / model
     scaled = dict(estimated)
     for key, band in estimated.items():
-        found = factors.get(family(key))
-        if found and not band.samples:
-            factor = statistics.median(found)
+        if key != incumbent and not band.samples and family(key) == family(incumbent):
             scaled[key] = Band(band.centre * factor, band.low * factor, band.high * factor, 0)
     return scaled
 
@@ -439,8 +445,8 @@ def exploring_call(call: int) -> bool:
 def challenged(challenger: str | None, incumbent: Band, finite: Mapping[str, Band], race: Race) -> bool:
     """Whether call 3 tries the contender that the incumbent rule kept from the lead, off the 2, 4, 8 schedule.
 
-    Call 2 cannot try anything: the first call is never a warm sample, so
-    the leader has no warm run to be tried against. When the contender's
+    Call 2 tries what the models alone make worth it (:func:`first_trial`),
+    before any run of the leader's could put its model in doubt. When the contender's
     model extrapolates (its error is :data:`EXTRAPOLATED_ERROR`: off the
     calibrated region it may miss by more than any in-range error says)
     and the leader's first warm run (call 2) put its estimate so far above
