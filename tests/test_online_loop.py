@@ -503,14 +503,19 @@ def test_evaluate_catches_a_loop_that_keeps_the_cold_sample(clean, monkeypatch):
     assert broken.max_loop_ratio > 1.3, [row.loop_ratio for row in broken.rows]
 
 
-def test_the_informed_baseline_takes_the_loops_runs_of_the_best_in_order():
+def test_the_informed_baseline_runs_the_best_in_the_state_of_each_loop_call():
     from types import SimpleNamespace as Run
 
-    loop = [Run(backend="b", seconds=5.0), Run(backend="a", seconds=2.0), Run(backend="a", seconds=1.0)]
-    named = [Run(backend="a", seconds=0.5)] * 3  # after the truth: warm, 0.1 s of overhead each
-    walls = informed_walls(loop, named, [0.6, 0.6, 0.6], "a")
-    # the informed user's first two calls run what the loop's two runs of a ran; the third its own
-    assert walls == pytest.approx([2.1, 1.1, 0.6])
+    truth = {"a": 0.5, "b": 1.0}
+    loop = [Run(backend="b", seconds=5.0, diagnostics={"first_call": True}),  # paid b's one-off
+            Run(backend="b", seconds=2.4, diagnostics={"first_call": False}),  # a slower implementation, warm
+            Run(backend="a", seconds=0.7, diagnostics={"first_call": False})]
+    named = [Run(backend="a", seconds=0.9), Run(backend="a", seconds=0.5), Run(backend="a", seconds=0.5)]
+    walls = informed_walls(loop, named, [1.0, 0.6, 0.6], "a", truth)  # 0.1 s of the named calls' own overhead
+    # call 1: the named call's own (its twin paid a's one-off); call 2: b's run there at a's speed (half);
+    # call 3: the loop's run of a itself
+    assert walls == pytest.approx([1.0, 1.3, 0.8])
+    assert sum(run.seconds for run in loop) / sum(walls) > 2  # the cold run and the slower one stay charged
 
 
 # -- the Planner object ----------------------------------------------------------------------
