@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -177,7 +178,8 @@ def _step(spec: SolverSpec, decision: Plan, nominal: Mapping[str, float], expect
     race = current().race(spec, nominal)
     # an unset count expects this problem to run as often again as it has so far (at least once more)
     calls_left = expected_calls - race.calls if expected_calls is not None else race.calls + 1
-    return next_step(_estimated(decision, race), race, decision.backend, calls_left, _owed(decision))
+    return next_step(_estimated(decision, race), race, decision.backend, calls_left, _owed(decision),
+                     current().replanning_seconds(spec))
 
 
 def _contenders(decision: Plan) -> dict[str, Any]:
@@ -289,6 +291,7 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     if settled is not None:  # nothing left to decide on this problem: the settled step again, unplanned
         decision, step = settled.plan, settled.step
     else:
+        began = time.perf_counter()
         if backend == "auto":
             decision = plan(problem, solver=spec.name, expected_calls=expected_calls, calibrate=True,
                             explain=False)
@@ -300,6 +303,8 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
             only = None if backend == "auto" else list(decision.predictions)
             decision = plan(problem, solver=spec.name, expected_calls=expected_calls, explain=False, only=only)
         step = _step(spec, decision, nominal, expected_calls, planning)
+        if racing and race.calls:  # a known problem planned again: its view was cached (call 1 builds it)
+            planner.note_planning(spec, time.perf_counter() - began)
     used = step.implementation
     _refuse_if_too_long(spec, problem, decision, used, limit)
     first_touch = race.calls == 0

@@ -79,6 +79,21 @@ def test_call_2_tries_a_contender_its_models_place_within_their_error_against_th
     third.add("a", 5.0, cold=True)
     assert not _next(guesses, third).explore  # call 3 is off the schedule
     assert not _next(guesses, race, calls_left=1).explore  # no call left after this one to profit
+    # the two full plans a trial forces (this call's, the next's) are part of its cost
+    assert next_step(bands(guesses, race), race, "a", math.inf, {}, replanning=0.05).explore
+    assert not next_step(bands(guesses, race), race, "a", math.inf, {}, replanning=1.0).explore
+
+
+def test_replanning_is_timed_on_known_problems_and_shared_by_a_processs_planners(clean):
+    (spec,) = _install(_spec("synthetic.replanned", {"serial": _sleeper(0.0005), "pool": _sleeper(0.004)}))
+    _calibrate(spec, "serial", lambda p: 5e-4, GRID)
+    _calibrate(spec, "pool", lambda p: 4e-3, GRID)
+    assert current().replanning_seconds(spec) == 0.0
+    for _ in range(5):
+        core.solve(GridProblem(2_000, 20), solver=spec.name, expected_calls=math.inf)
+    timed = current().process.planning[spec.name]
+    assert 1 <= len(timed) <= 4 and 0 < current().replanning_seconds(spec) < 0.01  # call 1 built the view: untimed
+    assert Planner.from_calibration(current()).replanning_seconds(spec) == current().replanning_seconds(spec)
 
 
 def test_a_cold_run_is_never_compared_with_warm_ones():

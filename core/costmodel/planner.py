@@ -58,6 +58,7 @@ PROCESSES_KEPT = 9  # recent processes remembered: the median follows a change o
 REFIT_AFTER = 8  # new solve samples that make a pair's model refit (or a quarter of its samples, if more)
 WORK_NEIGHBOURS = 5  # observed problems whose work-done ratio predicts a new problem's
 WORK_KEEP = 400  # work observations kept per solver
+PLANNING_KEPT = 8  # replanning times kept per solver (Planner.note_planning)
 
 
 T = TypeVar("T")
@@ -77,6 +78,8 @@ class ProcessFacts:
     # plan.py's free-memory readings (when read, each backend's): a fact of the process, so a fresh
     # planner (evaluate's, one per held-out problem) does not open /proc and cgroup files again
     memory_read: tuple[float, dict[str, float | None]] = (-math.inf, {})
+    # what planning a known problem again took, by solver (Planner.note_planning): a fact of the host
+    planning: dict[str, list[float]] = field(default_factory=dict)
 
 
 def problem_key(features: Mapping[str, float]) -> tuple:
@@ -483,6 +486,18 @@ class Planner:
 
     def calls(self, spec: SolverSpec) -> int:
         return self._calls.get(spec.name, 0)
+
+    def note_planning(self, spec: SolverSpec, seconds: float) -> None:
+        """What planning a known problem of ``spec`` again took (its plan from a cached view, and the step)."""
+        with self._lock:
+            kept = self.process.planning.setdefault(spec.name, [])
+            kept.append(seconds)
+            del kept[:-PLANNING_KEPT]
+
+    def replanning_seconds(self, spec: SolverSpec) -> float:
+        """The median of the latest :meth:`note_planning` times (0 before any): what a trial's replans cost."""
+        kept = self.process.planning.get(spec.name)
+        return statistics.median(kept) if kept else 0.0
 
     def past_calls(self, spec: SolverSpec) -> float | None:
         """The median number of calls of ``spec`` that earlier processes made (None before any was seen).

@@ -465,7 +465,7 @@ def challenged(challenger: str | None, incumbent: Band, finite: Mapping[str, Ban
 
 
 def first_trial(finite: Mapping[str, Band], race: Race, first: str, calls_left: float,
-                owed: Mapping[str, float]) -> str | None:
+                owed: Mapping[str, float], replanning: float = 0.0) -> str | None:
     """The contender call 2 tries, before anything has run warm on the problem, if one is worth it.
 
     Call 1 ran the plan's pick, and its run is no warm sample (it touched
@@ -477,18 +477,23 @@ def first_trial(finite: Mapping[str, Band], race: Race, first: str, calls_left: 
     H200 host numba:threads fitted 16 spectra in 40 ms where torch took 28
     (39 % regret), and the process backend solved a common-noise problem in
     7.1 ms where numba took 5.5 (30 %). A contender with an unpaid one-off
-    is not tried here: its run would be cold and teach nothing.
+    is not tried here: its run would be cold and teach nothing. The trial
+    also costs two full plans (``replanning`` each: this call's and the
+    next's), which a loop that tries nothing skips (:func:`confirmed_by_its_runs`):
+    on the VM, trials between linreg's numba variants tied at 30 us by
+    their models made calls 2 and 3 plan in full, at 0.1-0.2 ms each.
     """
     if race.calls < 1 or not exploring_call(race.calls + 1) or race.explored >= EXPLORE_AT_MOST or first not in finite:
         return None
     top = finite[first]
     horizon = payback_calls(calls_left, race.calls)
-    worth = [key for key in finite if key != first and not owed.get(key) and worth_trying(finite[key], top, horizon)]
+    worth = [key for key in finite if key != first and not owed.get(key)
+             and worth_trying(finite[key], top, horizon, 2 * replanning)]
     return max(worth, key=lambda key: expected_gain(finite[key], top), default=None)
 
 
 def next_step(estimated: Mapping[str, Band], race: Race, first: str, calls_left: float,
-              owed: Mapping[str, float] | None = None) -> Step:
+              owed: Mapping[str, float] | None = None, replanning: float = 0.0) -> Step:
     """The implementation this call runs.
 
     ``estimated`` maps each contender to its :func:`estimate` (one-offs
@@ -496,13 +501,15 @@ def next_step(estimated: Mapping[str, Band], race: Race, first: str, calls_left:
     pick, which wins ties and runs when nothing can be estimated;
     ``calls_left`` is how many calls of this problem are still expected,
     this one included; ``owed`` each contender's unpaid one-off that its
-    estimate does not carry (:func:`worth_trying`).
+    estimate does not carry (:func:`worth_trying`); ``replanning`` what one
+    full plan costs: a trial makes the next call plan in full, where a
+    settled loop reuses its step (:func:`settled_step`).
     """
     finite = {key: band for key, band in estimated.items() if math.isfinite(band.centre) and band.centre > 0}
     if not any(band.samples for band in finite.values()):  # the models alone: their pick, margin and all
         contested = first in finite and any(band.low < finite[first].centre
                                             for key, band in finite.items() if key != first)
-        tried = first_trial(finite, race, first, calls_left, owed or {}) if contested else None
+        tried = first_trial(finite, race, first, calls_left, owed or {}, replanning) if contested else None
         if tried is not None:
             return Step(tried, True, f"trying {tried} (its model: {finite[tried].centre:.3g} s) against {first} "
                                      f"({finite[first].centre:.3g} s, its model: its first call is no warm run)",
@@ -526,7 +533,7 @@ def next_step(estimated: Mapping[str, Band], race: Race, first: str, calls_left:
     horizon = payback_calls(calls_left, race.calls)
     worth = sorted((key for key in finite if key != leader and key not in dropped
                     and finite[key].samples < top.samples
-                    and worth_trying(finite[key], top, horizon, (owed or {}).get(key, 0.0))),
+                    and worth_trying(finite[key], top, horizon, (owed or {}).get(key, 0.0) + replanning)),
                    key=lambda key: -expected_gain(finite[key], top))
     contested = any(finite[key].low < top.centre for key in finite if key != leader and key not in dropped)
     if exploring_call(race.calls + 1):
