@@ -17,7 +17,7 @@ from core.backend import Availability, safe_describe
 from core.costmodel.calibrate import measure_outputs
 from core.costmodel.features import model_features
 from core.costmodel.plan import plan, recent_free_memory
-from core.costmodel.planner import accepts_planner, current, numeric_fields
+from core.costmodel.planner import accepts_planner, current, numeric_key
 from core.costmodel.race import (
     SHORT_RUN,
     SPREAD_AFTER,
@@ -170,15 +170,21 @@ def _measure_close(spec: SolverSpec, problem: Any, decision: Plan, nominal: Mapp
             planner.observe(spec, key, problem, seconds, outputs, False, nominal)
 
 
-def _step(spec: SolverSpec, decision: Plan, nominal: Mapping[str, float], expected_calls: float | None,
-          planning: str) -> Step:
-    """What this call runs: the plan's pick (``estimate``), or the online loop's next step."""
+def _step(spec: SolverSpec, decision: Plan, race: Any, expected_calls: float | None,
+          planning: str) -> tuple[Step, dict[str, Any] | None]:
+    """What this call runs: the plan's pick (``estimate``), or the online loop's next step; with the bands the
+    loop weighed (None for the plan's pick), which stand while no warm run is added."""
     if planning == "estimate":
-        return Step(decision.backend, False, "the plan's pick (planning='estimate')")
-    race = current().race(spec, nominal)
+        return Step(decision.backend, False, "the plan's pick (planning='estimate')"), None
+    estimated = _estimated(decision, race)
+    return _next(spec, decision, race, expected_calls, estimated), estimated
+
+
+def _next(spec: SolverSpec, decision: Plan, race: Any, expected_calls: float | None,
+          estimated: dict[str, Any]) -> Step:
     # an unset count expects this problem to run as often again as it has so far (at least once more)
     calls_left = expected_calls - race.calls if expected_calls is not None else race.calls + 1
-    return next_step(_estimated(decision, race), race, decision.backend, calls_left, _owed(decision),
+    return next_step(estimated, race, decision.backend, calls_left, _owed(decision),
                      current().replanning_seconds(spec))
 
 
@@ -221,11 +227,12 @@ def _no_one_off_left(decision: Plan) -> bool:
     return decision.expected_calls == math.inf or not any(p.one_off_seconds for p in decision.predictions.values())
 
 
-def _settling(key: tuple, step: Step, decision: Plan, race: Any, unlearnt: bool) -> Settled:
+def _settling(key: tuple, step: Step, decision: Plan, race: Any, unlearnt: bool,
+              estimated: dict[str, Any] | None = None) -> Settled:
     """The step later calls may reuse: with the lowest estimate of any other contender (the ceiling its
     leader's runs must stay under, its siblings' apart: race.Settled) and the leader's own, as :func:`_step`
     weighs them (one-offs spread, in the loop's conditions as this call's run left them)."""
-    estimated = _estimated(decision, race)
+    estimated = _estimated(decision, race) if estimated is None else estimated
     used = step.implementation
     others = {key: band for key, band in estimated.items() if key != used}
 
@@ -241,6 +248,8 @@ def _worth_confirming(decision: Plan, race: Any, used: str) -> bool:
     """Whether this call's run, the first warm one of ``used`` here, is run again now (race.worth_confirming)."""
     model = decision.predictions.get(used)
     if model is None or model.seconds is None or model.samples:  # the plan already held runs: no model alone
+        return False
+    if len(race.warm.get(used, [])) != 1:  # no lone warm run to confirm (a first call's is no warm run)
         return False
     others = {key: band_of(p.seconds, p.error or 0.0, p.samples) for key, p in _contenders(decision).items()
               if key != used}
@@ -286,7 +295,7 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     nominal = spec.features(problem)
     race = planner.race(spec, nominal)
     racing = backend == "auto" and planning == "race"  # the loop whose settled steps later calls may reuse
-    settled_key = (tuple(sorted(numeric_fields(problem).items())), planner.epoch, expected_calls)
+    settled_key = (numeric_key(problem), planner.epoch, expected_calls)
     settled = _settled(spec, problem, race, settled_key) if racing else None
     if settled is not None:  # nothing left to decide on this problem: the settled step again, unplanned
         decision, step = settled.plan, settled.step
@@ -302,7 +311,7 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
             _measure_close(spec, problem, decision, nominal)
             only = None if backend == "auto" else list(decision.predictions)
             decision = plan(problem, solver=spec.name, expected_calls=expected_calls, explain=False, only=only)
-        step = _step(spec, decision, nominal, expected_calls, planning)
+        step, estimated = _step(spec, decision, race, expected_calls, planning)
         if racing and race.calls:  # a known problem planned again: its view was cached (call 1 builds it)
             planner.note_planning(spec, time.perf_counter() - began)
     used = step.implementation
@@ -323,10 +332,12 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
         confirmed = _run(spec, used, problem, nominal, sampling)[1]
     if racing and settled is None:
         settling = settles(step, race) and not cold and confirmed is None
-        # nothing learnt, and the next call would not try anything either (race.first_trial)
+        # nothing learnt, and the next call would not try anything either (race.first_trial); with no warm run
+        # added, this call's bands stand
         unlearnt = (not settling and learnt_nothing(step, race) and _no_one_off_left(decision)
-                    and not (step.contested and _step(spec, decision, nominal, expected_calls, planning).explore))
-        race.settled = _settling(settled_key, step, decision, race, unlearnt) if settling or unlearnt else None
+                    and not (step.contested and _next(spec, decision, race, expected_calls, estimated).explore))
+        race.settled = (_settling(settled_key, step, decision, race, unlearnt, estimated if unlearnt else None)
+                        if settling or unlearnt else None)
     predicted = decision.predictions.get(used)
     return Result(solver=spec.name, backend=used, seconds=seconds, outputs=outputs, plan=decision,
                   diagnostics={"problem": type(problem).__name__, "first_call": cold,

@@ -792,3 +792,8 @@ def test_a_frozen_problems_fields_are_kept_on_it_and_a_mutable_ones_are_read_eac
     assert planning.numeric_fields(mutable) == {"n": 3.0}
     mutable.n = 5  # a user changed the problem between calls: the next call sees it
     assert planning.numeric_fields(mutable) == {"n": 5.0}
+    # the sorted key, likewise: kept on the frozen problem, read afresh from the mutable one
+    assert planning.numeric_key(frozen) == (("n", 3.0), ("tol", 1e-6)) and planning.numeric_key(frozen) is \
+        planning.numeric_key(frozen)
+    mutable.n = 7
+    assert planning.numeric_key(mutable) == (("n", 7.0),)

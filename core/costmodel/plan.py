@@ -56,7 +56,7 @@ from core.costmodel.calibrate import ensure_calibrated
 from core.costmodel.design import with_size
 from core.costmodel.features import model_features
 from core.costmodel.fit import CostModel
-from core.costmodel.planner import accepts_planner, current, numeric_fields, problem_key
+from core.costmodel.planner import accepts_planner, current, numeric_key, problem_key
 from core.costmodel.race import EXTRAPOLATED_ERROR, estimate, relative_error
 from core.errors import AutoSelectionError
 from core.registry import get_registry, get_solver
@@ -179,7 +179,7 @@ def _view(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], only: Se
     variants), so exclusions are not part of it (:func:`_exclusions`).
     """
     planner = current()
-    key = (spec.name, problem_key(nominal), tuple(sorted(numeric_fields(problem).items())),
+    key = (spec.name, problem_key(nominal), numeric_key(problem),
            tuple(only) if only is not None else None, planner.epoch)
     cached = planner.views.get(key)
     if cached is not None and time.monotonic() - cached.at < VIEW_SECONDS:

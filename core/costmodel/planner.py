@@ -115,6 +115,22 @@ def numeric_fields(problem: Any) -> dict[str, float]:
 _FIELDS_KEPT = "_crossover_numeric_fields"
 
 
+def numeric_key(problem: Any) -> tuple:
+    """The problem's numeric fields as a sorted tuple: a key for what depends on them (kept on a frozen problem,
+    as :func:`numeric_fields` is: the loop's settled step and the plan's view ask for it on every call)."""
+    fields = getattr(problem, "__dict__", {})
+    kept = fields.get(_KEY_KEPT)
+    if kept is not None:
+        return kept
+    key = tuple(sorted(numeric_fields(problem).items()))
+    if _FIELDS_KEPT in fields:  # numeric_fields kept the fields on it: a frozen problem, so the key too
+        object.__setattr__(problem, _KEY_KEPT, key)
+    return key
+
+
+_KEY_KEPT = "_crossover_numeric_key"
+
+
 class Planner:
     """The cost model's state, and the three verbs on it: plan, observe, calibrate.
 
