@@ -241,7 +241,8 @@ def _settling(key: tuple, step: Step, decision: Plan, race: Any, unlearnt: bool,
 
     kin = [key for key, band in others.items() if backend_of(key) == backend_of(used) and not band.samples]
     own = estimated[used].centre if used in estimated else math.inf
-    return Settled(key, step, lowest(set(others) - set(kin)), race.calls, decision, unlearnt, own, lowest(kin))
+    error = (decision.predictions[used].error or 0.0) if used in decision.predictions else 0.0
+    return Settled(key, step, lowest(set(others) - set(kin)), race.calls, decision, unlearnt, own, lowest(kin), error)
 
 
 def _worth_confirming(decision: Plan, race: Any, used: str) -> bool:

@@ -340,7 +340,7 @@ def test_a_second_call_reuses_the_first_only_while_nothing_it_weighed_has_change
 
 def _unlearnt(ceiling=1.0, estimate=0.5, leader="a"):
     step = race_rule.Step(leader, False, "the plan's pick")
-    return race_rule.Settled(("key",), step, ceiling, 1, None, unlearnt=True, estimate=estimate)
+    return race_rule.Settled(("key",), step, ceiling, 1, None, unlearnt=True, estimate=estimate, error=0.0)
 
 
 def test_a_step_taken_before_anything_ran_warm_stands_while_its_leaders_runs_confirm_it():
@@ -350,14 +350,15 @@ def test_a_step_taken_before_anything_ran_warm_stands_while_its_leaders_runs_con
     assert race_rule.settled_step(race, ("other key",)) is None  # a field, the models or the calls changed
     race.add("a", 0.9, cold=False)
     race.calls = 2
-    assert race_rule.settled_step(race, ("key",)) is race.settled  # call 3: under the others' estimates
+    assert race_rule.settled_step(race, ("key",)) is race.settled  # call 3: its estimate under the others'
     race.calls = 3
     assert race_rule.settled_step(race, ("key",)) is None  # call 4 may explore: planned in full
     race.calls = 2
-    race.warm["a"] = [0.995]  # within the clock's jitter of the ceiling: the plan's pick may keep a tie
+    race.warm["a"] = [3.0, 3.1]  # runs that agree far above its model (call 2 confirmed its run): they take over
+    assert race_rule.estimate((0.5, 0.0), [3.0, 3.1]).centre > 1.0
     assert race_rule.settled_step(race, ("key",)) is None
-    race.warm["a"] = [0.9]
-    race.settled = _unlearnt(estimate=0.99)  # the plan's pick by simplicity, within its margin of another
+    race.warm["a"] = [0.99]
+    race.settled = _unlearnt(estimate=0.995)  # the plan's pick by simplicity, within the clock's jitter of another
     assert race_rule.settled_step(race, ("key",)) is None
     race.settled = _unlearnt()
     race.add("b", 2.0, cold=False)  # another contender ran warm: its estimate moved
@@ -396,15 +397,14 @@ def test_an_unlearnt_step_weighs_its_siblings_in_the_conditions_its_runs_met():
     race = _race(calls=2)
     race.leader = "a"
     race.settled = race_rule.Settled(("key",), race_rule.Step("a", False, "the plan's pick"), math.inf, 1, None,
-                                     unlearnt=True, estimate=4.0, kin=5.0)
-    race.add("a", 6.0, cold=False)  # 1.5x its model: its sibling would run at 7.5, not 5
+                                     unlearnt=True, estimate=4.0, kin=4.2, error=0.1)
+    race.add("a", 5.0, cold=False)  # 1.25x its model: its sibling would run at 5.25, not 4.2
+    own = race_rule.estimate((4.0, 0.1), [5.0]).centre
+    assert 4.0 < own < 5.0 and own < 4.2 * 1.25 / 1.02
     assert race_rule.settled_step(race, ("key",)) is race.settled
-    race.settled = dataclasses.replace(race.settled, kin=4.2)  # a sibling's model just above the leader's
-    assert race_rule.settled_step(race, ("key",)) is race.settled  # 6.0 < 4.2 x 1.5 / 1.02
-    race.settled = dataclasses.replace(race.settled, kin=4.05)
-    assert race_rule.settled_step(race, ("key",)) is None  # 6.0 > 4.05 x 1.5 / 1.02: the full step decides
-    race.settled = dataclasses.replace(race.settled, kin=5.0)
-    race.settled = dataclasses.replace(race.settled, ceiling=5.5)  # another backend's estimate lies under the run
+    race.settled = dataclasses.replace(race.settled, kin=4.0 * own / 5.0)  # the sibling scaled ties its estimate
+    assert race_rule.settled_step(race, ("key",)) is None  # within the clock's jitter: the full step decides
+    race.settled = dataclasses.replace(race.settled, kin=4.2, ceiling=own)  # another backend's estimate as low
     assert race_rule.settled_step(race, ("key",)) is None
 
 

@@ -147,6 +147,7 @@ class Settled:
     unlearnt: bool = False  # taken because the loop had learnt nothing (learnt_nothing): see confirmed_by_its_runs
     estimate: float = math.inf
     kin: float = math.inf
+    error: float = 0.0  # the leader's relative error then (its model's, for an unlearnt step)
 
 
 REPLAN_EVERY = 16  # a settled loop plans in full at least this often (and on calls 2, 4, 8, ...)
@@ -180,11 +181,11 @@ def confirmed_by_its_runs(settled: Settled, race: Race, call: int) -> bool:
     While there is no warm run of anything, no trial can start and no
     estimate has moved, whichever call this is. Once the leader alone has
     warm runs, off the exploring calls (2, 4, 8, ...) and before any trial,
-    the full step runs it again as long as its model's estimate and each of
-    its runs lie under every other contender's estimate then, by more than
-    the clock's jitter (the plan's pick keeps ties, :func:`next_step`): its
-    estimate is a weighted mean of those, the others' are unchanged (no run
-    of theirs, same models), and no challenger can lie below its band. Its
+    the full step runs it again as long as its estimate (its model and its
+    runs, :func:`estimate`) lies under every other contender's estimate
+    then, by more than the clock's jitter (the plan's pick keeps ties,
+    :func:`next_step`): the others' are unchanged (no run of theirs, same
+    models), and no challenger can lie below its band. Its
     siblings' estimates follow its runs (:func:`in_the_loops_conditions`),
     so theirs are taken scaled as the full step would scale them. A third
     call of a new HJB problem planned in full cost 50-60 us more than a
@@ -197,9 +198,11 @@ def confirmed_by_its_runs(settled: Settled, race: Race, call: int) -> bool:
     if ran != [leader] or race.explored or exploring_call(call):
         return False
     runs = race.warm[leader]
-    conditions = statistics.median(runs) / settled.estimate if 0 < settled.estimate < math.inf else math.inf
+    if not 0 < settled.estimate < math.inf:
+        return False
+    conditions = statistics.median(runs) / settled.estimate
     bound = min(settled.ceiling, settled.kin * conditions) / (1 + MIN_SPREAD)
-    return max(settled.estimate, *runs) < bound
+    return estimate((settled.estimate, settled.error), runs).centre < bound
 
 
 def settled_step(race: Race, key: tuple) -> Settled | None:
