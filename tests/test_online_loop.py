@@ -531,6 +531,9 @@ def test_the_informed_baseline_runs_the_best_in_the_state_of_each_loop_call():
     # call 3: the loop's run of a itself
     assert walls == pytest.approx([1.0, 1.3, 0.8])
     assert sum(run.seconds for run in loop) / sum(walls) > 2  # the cold run and the slower one stay charged
+    # the best's own cold run is what the informed user's call would have paid in that state
+    compiled = [Run(backend="a", seconds=4.0, diagnostics={"first_call": True}), *loop[1:]]
+    assert informed_walls(compiled, named, [1.0, 0.6, 0.6], "a", truth) == pytest.approx([4.1, 1.3, 0.8])
 
 
 # -- the Planner object ----------------------------------------------------------------------
