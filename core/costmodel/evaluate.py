@@ -224,7 +224,8 @@ def best_of_rounds(spec: Any, cases: list[tuple[Any, list[str]]], repeats: int,
 
 
 def primer(spec: Any, quick: bool) -> Any:
-    """The problem a loop's fresh planner plans first (:func:`run_loop`): the design's cheapest, or none."""
+    """The calibration design's cheapest problem, or none: where the process pays its one-offs
+    (:func:`warm_the_process`), and what a loop's fresh planner plans first (:func:`run_loop`)."""
     design = calibration_design(spec, quick)
     return design[0] if design else None
 
@@ -240,10 +241,9 @@ def warm_the_process(spec: Any, quick: bool) -> set[str]:
     planner over the same calibration reuses). Shapes never run here stay
     unpaid: a compile per shape is the loop's to pay.
     """
-    design = calibration_design(spec, quick)
-    if not design:
+    problem = primer(spec, quick)
+    if problem is None:
         return set()
-    problem = design[0]
     with use(Planner.from_calibration(current())):
         plan(problem, solver=spec.name, expected_calls=math.inf, explain=False)
     keys = [key for key in runnable_implementations(spec) if not exclusion(spec, problem, key)]

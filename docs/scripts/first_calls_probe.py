@@ -40,10 +40,14 @@ from core.registry import get_solver
 from core.solver import problem_from_params
 
 
-def calls(solver: str, problem: object, backend: str, count: int = 3) -> list[tuple[str, float, float]]:
-    """``count`` calls on a fresh planner: (implementation, wall ms, kernel ms) each."""
+def calls(solver: str, problem: object, backend: str, count: int = 3,
+          primer: object = None) -> list[tuple[str, float, float]]:
+    """``count`` calls on a fresh planner (that first planned ``primer``, if given): (implementation, wall ms,
+    kernel ms) each."""
     found = []
     with use(Planner.from_calibration(current())):
+        if primer is not None:
+            core.plan(primer, solver=solver, expected_calls=math.inf, explain=False)
         for _ in range(count):
             began = time.perf_counter()
             result = core.solve(problem, backend, solver=solver, expected_calls=math.inf)
@@ -81,18 +85,6 @@ def dotgat_batches() -> None:
         print("dotgat", batch, calls(spec.name, problem, "torch:optimized_compiled", 2))
 
 
-def overheads(solver: str, problem: object, backend: str, primer: object) -> list[float]:
-    """Calls 1-3 on a fresh planner that planned ``primer`` first: each call's wall less its kernel, in us."""
-    found = []
-    with use(Planner.from_calibration(current())):
-        core.plan(primer, solver=solver, expected_calls=math.inf, explain=False)
-        for _ in range(3):
-            began = time.perf_counter()
-            result = core.solve(problem, backend, solver=solver, expected_calls=math.inf)
-            found.append((time.perf_counter() - began - result.seconds) * 1e6)
-    return found
-
-
 def hjb_overhead() -> None:
     import statistics
 
@@ -103,7 +95,8 @@ def hjb_overhead() -> None:
     rows: dict[str, list[list[float]]] = {"auto": [], "numba": []}
     for nx in range(23, 53, 2):
         for backend, found in rows.items():  # a new problem object each: nothing cached on it
-            found.append(overheads(spec.name, problem_from_params(spec, {"Nx": nx}), backend, primer))
+            timed = calls(spec.name, problem_from_params(spec, {"Nx": nx}), backend, primer=primer)
+            found.append([(wall - kernel) * 1e3 for _, wall, kernel in timed])  # ms -> us
     for backend, found in rows.items():
         print(f"{backend:6s} overhead us, calls 1-3 (median of {len(found)} problems):",
               [round(statistics.median(row[call] for row in found)) for call in range(3)])
