@@ -29,6 +29,7 @@ work the planner assumed).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -68,7 +69,7 @@ class EvaluationRow:
     # the same number of core.solve calls naming the best implementation: what a user who knew it would pay
     # from the loop's state (informed_walls)
     best_call_seconds: list[float] = field(default_factory=list)
-    # the problem those calls ran: this one, or its fresh twin where the best compiles per shape (fresh_twin)
+    # the problem those calls ran: a fresh copy of this one, or its twin where the best compiles per shape (fresh_twin)
     best_call_params: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -287,28 +288,34 @@ def hold_inputs(problem: Any) -> None:
 
 
 def fresh_twin(spec: Any, problem: Any, implementation: str, fields: list[str]) -> Any:
-    """``problem`` one smaller along its size axis where ``implementation`` compiles per shape and ran this one.
+    """A problem equal to ``problem`` that nothing has run, for the calls naming the best.
 
-    The calls naming the best run after the truth, which ran every shape of
-    ``problem`` warm; but a user who named the best on this problem would
+    Those calls run after the loop and the truth, which ran ``problem``
+    warm, so it carries what the first call on a problem computes and keeps
+    on it (its numeric fields and key, a plugin's derived values): on the
+    same object the informed user's first call skipped what the loop's
+    first call paid. So they run a fresh copy with the same fields.
+
+    Where ``implementation`` compiles per shape, the copy is one smaller
+    along the size axis: a user who named the best on this problem would
     have paid its one-off for a new shape on the first call (a CUDA graph's
     capture: 0.09-0.8 s against a 1 ms run of ``ml.linreg`` on the H200
-    host), as the loop did. The twin is a shape this process has not
-    compiled for, with the same fields but one fewer element (a shade less
-    work: the baseline is not flattered). Without a per-shape one-off, or
-    where no twin is valid, the baseline runs ``problem`` itself.
+    host), as the loop did, and the truth has compiled ``problem``'s shape.
+    The twin has one fewer element (a shade less work: the baseline is not
+    flattered). Where no twin is valid, the copy.
     """
+    copy = dataclasses.replace(problem) if dataclasses.is_dataclass(problem) else problem
     if spec.compile_key is None or spec.compile_key(problem, implementation) == ():
-        return problem
+        return copy
     params = _params(problem, fields)
     size = params.get(spec.size_axis)
     if not isinstance(size, int) or isinstance(size, bool):
-        return problem
+        return copy
     for twin_size in (size - 1, size + 1):
         twin = try_problem(spec, {**params, spec.size_axis: twin_size})
         if twin is not None and not current().is_paid(spec, implementation, twin):
             return twin
-    return problem
+    return copy
 
 
 def informed_walls(loop: list[Any], named: list[Any], named_walls: list[float], best: str,
@@ -371,7 +378,7 @@ def run_loop(spec: Any, problem: Any, calls: int, backend: str = "auto", plannin
     results, walls = [], []
     with use(Planner.from_calibration(current())):
         if primer is not None:
-            plan(primer, solver=spec.name, expected_calls=math.inf, explain=False)
+            plan(primer, solver=spec.name, expected_calls=math.inf, explain=False, calibrate=True)
         for _ in range(calls):
             began = time.perf_counter()
             results.append(solve(problem, backend, solver=spec.name, expected_calls=math.inf, planning=planning))

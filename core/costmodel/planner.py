@@ -397,10 +397,10 @@ class Planner:
         # table's key; the entry holds the list, so its id is not reused while the table is kept
         table = _shared(_WORK_TABLES, (id(seen), names), lambda: (seen, _log_table(seen, names)))[1]
         self._work_names.setdefault(spec.name, set()).add(names)
-        missing = np.isnan(table)
-        distance = np.where(missing, 0.0, (table - np.log([here[n] for n in names])) ** 2).sum(axis=1)
-        distance = distance + missing.sum(axis=1)
-        distance[missing.all(axis=1)] = np.inf  # nothing shared: as far as can be
+        width = len(names)
+        # the table's layout (_log_table) leaves here only a subtraction, a mask and a sum per plan
+        gaps = (table[:, :width] - np.log([here[n] for n in names])) * table[:, width:2 * width]
+        distance = (gaps * gaps).sum(axis=1) + table[:, 2 * width]
         return [int(i) for i in np.argsort(distance, kind="stable")[:WORK_NEIGHBOURS]]
 
     def _add_work(self, spec: SolverSpec, record: Mapping[str, Any]) -> None:
@@ -419,7 +419,7 @@ class Planner:
         for names in self._work_names.get(spec.name, ()):
             kept = _WORK_TABLES.get((id(seen), names))
             if kept is not None and kept[0] is seen:
-                table = np.concatenate([kept[1], _log_table([observation], names)])[-WORK_KEEP:]
+                table = np.concatenate([kept[1], [_log_row(observation[0], names)]])[-WORK_KEEP:]
                 _shared(_WORK_TABLES, (id(grown), names), lambda table=table: (grown, table))
 
     # -- one-off costs -----------------------------------------------------------------
@@ -674,9 +674,22 @@ _WORK_TABLES: dict[tuple, tuple] = {}  # their log-field tables, by list and fie
 
 
 def _log_table(seen: list, names: tuple[str, ...]) -> np.ndarray:
-    """The observations' log fields, one row each (NaN where a field is missing)."""
-    return np.array([[math.log(fields[n]) if fields.get(n, 0) > 0 else np.nan for n in names]
-                     for fields, _ in seen], dtype=float).reshape(len(seen), len(names))
+    """The observations' log fields for :meth:`Planner._nearest_work`, one row each (:func:`_log_row`)."""
+    return np.array([_log_row(fields, names) for fields, _ in seen], dtype=float).reshape(len(seen), 2 * len(names) + 1)
+
+
+def _log_row(fields: Mapping[str, float], names: tuple[str, ...]) -> list[float]:
+    """One observation's row: its log fields (0 where missing), a 1/0 mask of those present, and the distance
+    the missing ones add (one each; infinite with none present).
+
+    Laid out once, as the row is added, rather than derived from NaNs on
+    every plan (a sixth of a small problem's first plan on the VM).
+    """
+    logs = [math.log(fields[n]) if fields.get(n, 0) > 0 else None for n in names]
+    present = [0.0 if value is None else 1.0 for value in logs]
+    missing = len(names) - sum(present)
+    extra = math.inf if missing == len(names) else missing
+    return [value or 0.0 for value in logs] + present + [extra]
 
 
 _MISSING = object()

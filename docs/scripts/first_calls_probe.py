@@ -47,7 +47,7 @@ def calls(solver: str, problem: object, backend: str, count: int = 3,
     found = []
     with use(Planner.from_calibration(current())):
         if primer is not None:
-            core.plan(primer, solver=solver, expected_calls=math.inf, explain=False)
+            core.plan(primer, solver=solver, expected_calls=math.inf, explain=False, calibrate=True)
         for _ in range(count):
             began = time.perf_counter()
             result = core.solve(problem, backend, solver=solver, expected_calls=math.inf)
