@@ -301,7 +301,7 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     if settled is not None:  # nothing left to decide on this problem: the settled step again, unplanned
         decision, step = settled.plan, settled.step
     else:
-        began = time.perf_counter()
+        began, fits = time.perf_counter(), planner.fits
         if backend == "auto":
             decision = plan(problem, solver=spec.name, expected_calls=expected_calls, calibrate=True,
                             explain=False)
@@ -313,8 +313,10 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
             only = None if backend == "auto" else list(decision.predictions)
             decision = plan(problem, solver=spec.name, expected_calls=expected_calls, explain=False, only=only)
         step, estimated = _step(spec, decision, race, expected_calls, planning)
-        if racing and race.calls:  # a known problem planned again: its view was cached (call 1 builds it)
-            planner.note_planning(spec, time.perf_counter() - began)
+        # a known problem planned again (its view was cached), or a new one (call 1 builds it), unless it fitted
+        # a model (a planner's first plan: milliseconds that no later plan pays)
+        if racing and (race.calls or planner.fits == fits):
+            planner.note_planning(spec, time.perf_counter() - began, known=race.calls > 0)
     used = step.implementation
     _refuse_if_too_long(spec, problem, decision, used, limit)
     first_touch = race.calls == 0

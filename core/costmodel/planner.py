@@ -80,6 +80,7 @@ class ProcessFacts:
     memory_read: tuple[float, dict[str, float | None]] = (-math.inf, {})
     # what planning a known problem again took, by solver (Planner.note_planning): a fact of the host
     planning: dict[str, list[float]] = field(default_factory=dict)
+    first_planning: dict[str, list[float]] = field(default_factory=dict)  # and planning a new one
 
 
 def problem_key(features: Mapping[str, float]) -> tuple:
@@ -159,6 +160,7 @@ class Planner:
         self._pending: list[tuple[str, str, str, dict[str, Any]]] = []
         self._last_flush = 0.0
         self.epoch = 0  # bumped when a model or a calibration changes: cached views (plan.py) are then stale
+        self.fits = 0  # models fitted (or refitted) here: a plan that fitted one is no measure of planning
         self.views: dict[tuple, Any] = {}  # plan.py's cached views of the models, by problem and epoch
         self.calibration_checked: dict[str, int] = {}  # calibrate.ensure_calibrated's, by solver: the epoch
 
@@ -297,6 +299,7 @@ class Planner:
             fresh = self._fresh.get(pair, 0)
             if cached is None or cached[0] != signature or fresh >= max(REFIT_AFTER, cached[1]):
                 fitted = self._fit(spec, implementation, entry)
+                self.fits += 1
                 if fitted is None:
                     return None
                 records = len(entry["calibration"]) + len(entry.get("history", []))
@@ -503,16 +506,27 @@ class Planner:
     def calls(self, spec: SolverSpec) -> int:
         return self._calls.get(spec.name, 0)
 
-    def note_planning(self, spec: SolverSpec, seconds: float) -> None:
-        """What planning a known problem of ``spec`` again took (its plan from a cached view, and the step)."""
+    def note_planning(self, spec: SolverSpec, seconds: float, known: bool = True) -> None:
+        """What planning a problem of ``spec`` took (the plan and the step): a ``known`` one again (its plan from
+        a cached view), or a new one (its view built)."""
         with self._lock:
-            kept = self.process.planning.setdefault(spec.name, [])
+            kept = (self.process.planning if known else self.process.first_planning).setdefault(spec.name, [])
             kept.append(seconds)
             del kept[:-PLANNING_KEPT]
 
     def replanning_seconds(self, spec: SolverSpec) -> float:
-        """The median of the latest :meth:`note_planning` times (0 before any): what a trial's replans cost."""
-        kept = self.process.planning.get(spec.name)
+        """What a trial's replans cost: the median of the latest times to plan a known problem again; before
+        any, of those to plan a new one (0 before either).
+
+        A loop that settles never plans a known problem again, so a process
+        whose loops had all settled priced a trial's replans at nothing:
+        on the VM a linreg loop tried numba:threads, tied with numba:serial
+        by their models at 29 us, and its calls 2 and 3 planned in full at
+        0.24 and 0.14 ms (1.8x the calls naming the best). A new problem's
+        plan builds the view a replan reuses, so it overstates a replan:
+        the trials it lets through are surely worth it.
+        """
+        kept = self.process.planning.get(spec.name) or self.process.first_planning.get(spec.name)
         return statistics.median(kept) if kept else 0.0
 
     def past_calls(self, spec: SolverSpec) -> float | None:
