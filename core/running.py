@@ -7,6 +7,7 @@ nothing here knows about predictions or plans.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from typing import Any
 
@@ -101,6 +102,36 @@ def memory_need(spec: SolverSpec, problem: Any, implementation: str) -> float:
     return need
 
 
+AGED_READING_SECONDS = 30.0  # how old a free-memory reading may be for a problem it dwarfs
+DWARFED_SHARE = 1 / 16  # ... a problem needing at most this share of what it found free
+_READINGS: dict[Any, tuple[float, float | None]] = {}  # by the backend's free_memory function: (when, bytes)
+
+
+def read_free_memory(backend: Backend) -> float | None:
+    """The backend's free memory read now (:func:`~core.backend.safe_free_memory`), kept for
+    :func:`roomy_reading`."""
+    free = safe_free_memory(backend)
+    _READINGS[backend.free_memory] = (time.monotonic(), free)
+    return free
+
+
+def roomy_reading(backend: Backend, need: float) -> float | None:
+    """A reading of the backend's free memory at most :data:`AGED_READING_SECONDS` old that ``need`` is at most
+    :data:`DWARFED_SHARE` of, else None (read it again).
+
+    Reading the host's free memory opens six /proc and cgroup files: 77 us
+    on the VM, half a small HJB problem's first-call overhead in a process
+    that solves a new problem every few seconds (a reading is otherwise
+    reused for a second). A problem that needs a sliver of what was free
+    moments ago fits now, unless the host is about to run out anyway; one
+    that needs more reads the memory afresh.
+    """
+    at, free = _READINGS.get(backend.free_memory, (-math.inf, None))
+    if free is None or time.monotonic() - at > AGED_READING_SECONDS or need > free * DWARFED_SHARE:
+        return None
+    return free
+
+
 def exclusion(spec: SolverSpec, problem: Any, implementation: str,
               free_memory: dict[str, float | None] | None = None) -> str:
     """Why ``implementation`` cannot run ``problem`` here, or "" (availability, support, memory).
@@ -121,15 +152,17 @@ def exclusion(spec: SolverSpec, problem: Any, implementation: str,
         need = memory_need(spec, problem, implementation)
     except PluginError as exc:  # the plugin's fault: this implementation is out, the others go on
         return f"memory estimate failed: {exc}"
-    if free_memory is None:
-        free = safe_free_memory(backend)
-    elif backend.name in free_memory:
+    if free_memory is not None and backend.name in free_memory:
         free = free_memory[backend.name]
+    elif (aged := roomy_reading(backend, need)) is not None:
+        free = aged
+    elif free_memory is None:
+        free = read_free_memory(backend)
     else:
         # backends that share a memory (numpy, numba and the pool: the host's) read it once
         shared = next((name for name, other in get_registry().backends.items()
                        if name in free_memory and other.free_memory is backend.free_memory), None)
-        free = free_memory[backend.name] = free_memory[shared] if shared else safe_free_memory(backend)
+        free = free_memory[backend.name] = free_memory[shared] if shared else read_free_memory(backend)
     if free is not None and need > free:
         return f"not enough memory: needs {_gib(need)}, {_gib(free)} free"
     return ""

@@ -211,3 +211,22 @@ def test_first_calls_update_the_one_off_cost(synthetic):
     core.solve(WorkProblem(10), backend="serial")  # instant: observed one-off is about 0
     entry = timings.stored()["solvers"]["synthetic.work"]["backends"]["serial"]
     assert len(entry["one_off_observations"]) == 2  # the calibration's and this first call's
+
+
+def test_a_recent_reading_of_free_memory_serves_the_problems_it_dwarfs(synthetic, monkeypatch):
+    """A free-memory reading (six file opens for the host's) is reused for up to 30 s by a problem needing at
+    most a sixteenth of it; a larger problem, or an older reading, reads again, and a reading too small for
+    the problem excludes it as before."""
+    from core import running
+
+    reads = []
+    real = running.safe_free_memory
+    monkeypatch.setattr(running, "safe_free_memory", lambda backend: reads.append(backend.name) or real(backend))
+    small, large = WorkProblem(1_000), WorkProblem(10_000_000_000)  # 8 KB; 80 GB, over a sixteenth of 1 TB
+    assert running.exclusion(synthetic, small, "device") == "" and reads == ["device"]
+    assert running.exclusion(synthetic, small, "device") == "" and reads == ["device"]  # dwarfed: no new read
+    DEVICE_FREE_BYTES["value"] = 1e10
+    assert running.exclusion(synthetic, large, "device").startswith("not enough memory")  # read again
+    assert reads == ["device"] * 2
+    monkeypatch.setattr(running, "AGED_READING_SECONDS", 0.0)
+    assert running.exclusion(synthetic, small, "device") == "" and reads == ["device"] * 3  # too old: read again
