@@ -3,7 +3,9 @@
 The FP variants (``torch:fused``, the Triton kernel, and ``torch:eager``)
 are called both directly and through the spec's lazy bindings, as the core
 calls them; the coupled solvers' HJB variants (``torch:hjb_host``,
-``torch:hjb_device``) against numba.
+``torch:hjb_device``) against numba. The GPU tests carry the ``gpu``
+marker; the int64 fixed-point helpers the GPU deposits share are also
+checked on CPU torch, unmarked.
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ from plugins.mfg.fp.numba_kernel import solve_particles
 from plugins.mfg.fp.reference import solve_numpy
 from plugins.mfg.problem import CommonNoiseProblem, FPProblem, MFGProblem
 from plugins.mfg.specs import COMMON_NOISE, FIXED_POINT, FP_PARTICLE
-
-pytestmark = pytest.mark.gpu
 
 FP_VARIANTS = ["torch:fused", "torch:eager"]
 
@@ -38,6 +38,7 @@ def l1(problem, a, b) -> float:
     return float(np.sum(np.abs(a - b) * problem.weights()))
 
 
+@pytest.mark.gpu
 def test_the_fused_kernel_runs_here():
     # on the GPU host every binned-KDE problem with Scott's rule is open to the Triton kernel
     from plugins.mfg.fp.torch_kernel import fused_unsupported
@@ -46,6 +47,7 @@ def test_the_fused_kernel_runs_here():
     assert FP_PARTICLE.supports(driven("reflecting", 1_000, bandwidth=0.03), "torch:fused") == ""
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("boundary", ["periodic", "reflecting"])
 @pytest.mark.parametrize("variant", FP_VARIANTS)
 def test_torch_fp_agrees_with_numpy_in_distribution(boundary, variant):
@@ -54,9 +56,10 @@ def test_torch_fp_agrees_with_numpy_in_distribution(boundary, variant):
     assert str(out["path"]) == variant.split(":")[1]
     for n in (0, p.Nt // 2, p.Nt):
         assert l1(p, out["M"][n], ref["M"][n]) < 4 * noise_l1(ref["M"][n], ref["bandwidth"][n], p.N, p.weights())
-    assert np.max(np.abs(out["mass"] - 1)) < 1e-12  # float64 deposits in both variants
+    assert np.max(np.abs(out["mass"] - 1)) < 1e-12  # exact int64 deposits, then float64 smoothing
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize(("kde", "bandwidth"), [("direct", "scott"), ("binned", "silverman"), ("binned", 0.03)])
 def test_torch_eager_kde_variants(kde, bandwidth):
     from plugins.mfg.fp.torch_kernel import solve_torch
@@ -67,6 +70,7 @@ def test_torch_eager_kde_variants(kde, bandwidth):
     assert abs(out["bandwidth"][-1] - ref["bandwidth"][-1]) < 0.05 * ref["bandwidth"][-1]
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize(("kde", "bandwidth"), [("direct", "scott"), ("binned", "silverman")])
 def test_the_fused_variant_refuses_what_it_cannot_run(kde, bandwidth):
     from plugins.mfg.fp.torch_kernel import solve_torch
@@ -77,6 +81,7 @@ def test_the_fused_variant_refuses_what_it_cannot_run(kde, bandwidth):
         solve_torch(p, fused=True)
 
 
+@pytest.mark.gpu
 def test_fused_with_a_fixed_bandwidth_agrees_with_numpy():
     p = driven("reflecting", 100_000, bandwidth=0.03)
     ref, out = solve_numpy(p), host(FP_PARTICLE.implementations["torch:fused"](p))
@@ -84,6 +89,7 @@ def test_fused_with_a_fixed_bandwidth_agrees_with_numpy():
     np.testing.assert_allclose(out["bandwidth"], 0.03)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("fused", [True, False])
 def test_torch_ou_moments(fused):
     from plugins.mfg.fp.torch_kernel import solve_torch
@@ -99,6 +105,7 @@ def test_torch_ou_moments(fused):
     assert abs(var - var_t) < 4 * var_t * math.sqrt(2 / (p.N - 1)) + 2e-4
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("fused", [True, False])
 def test_fp_batch_equals_single_solves(fused):
     from plugins.mfg.fp.torch_kernel import solve_torch, solve_torch_batch
@@ -108,10 +115,12 @@ def test_fp_batch_equals_single_solves(fused):
     batch = solve_torch_batch(p, us, fused=fused).cpu().numpy()
     for k, u in enumerate(us):
         single = solve_torch(FPProblem(**{**p.model_fields(), "U": u}), fused=fused)["M"].cpu().numpy()
-        # atomic adds land in a different order run to run: equal to rounding, not bit for bit
+        # the same counts (test_batch_counts_equal_single_counts); the smoothing's reach is the batch's
+        # widest bandwidth's, so equal to rounding
         np.testing.assert_allclose(batch[k], single, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("variant", FP_VARIANTS)
 def test_fp_memory_estimate_covers_the_device_peak(variant):
     import torch
@@ -127,6 +136,7 @@ def test_fp_memory_estimate_covers_the_device_peak(variant):
     assert peak <= FP_PARTICLE.memory(p, variant), (peak, FP_PARTICLE.memory(p, variant))
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["torch:hjb_host", "torch:hjb_device"])
 def test_torch_fixed_point_converges_and_agrees_with_numba(variant):
     from plugins.mfg.coupling import solve_fixed_point
@@ -137,6 +147,7 @@ def test_torch_fixed_point_converges_and_agrees_with_numba(variant):
     assert l1(p, gpu["M"][-1], cpu["M"][-1]) < 0.05
 
 
+@pytest.mark.gpu
 def test_the_two_hjb_variants_of_the_fixed_point_agree():
     # the same FP on the device; the HJB on the host (numba) or the device (torch) agree to 1e-8 per solve
     p = MFGProblem(preset="towel_beach", N=50_000, Nx=41, Nt=20)
@@ -146,6 +157,7 @@ def test_the_two_hjb_variants_of_the_fixed_point_agree():
     assert l1(p, on_host["M"][-1], on_device["M"][-1]) < 1e-6
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["torch:hjb_host", "torch:hjb_device"])
 def test_torch_common_noise_agrees_with_numba(variant):
     from plugins.mfg.common_noise import solve_serial
@@ -157,6 +169,7 @@ def test_torch_common_noise_agrees_with_numba(variant):
     assert l1(cn, gpu["M_mean"][-1], cpu["M_mean"][-1]) < 0.05
 
 
+@pytest.mark.gpu
 def test_the_two_hjb_variants_of_common_noise_agree():
     from plugins.mfg.common_noise import solve_torch
 
@@ -165,8 +178,178 @@ def test_the_two_hjb_variants_of_common_noise_agree():
     assert l1(cn, on_host["M_mean"][-1], on_device["M_mean"][-1]) < 1e-6
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("fused", [True, False])
 def test_numba_fp_still_agrees_on_the_gpu_host(fused):
     p = driven("reflecting", 100_000)
     a, b = solve_numpy(p), solve_particles(p, fused=fused)
     assert l1(p, a["M"][-1], b["M"][-1]) < 4 * noise_l1(a["M"][-1], a["bandwidth"][-1], p.N, p.weights())
+
+
+# -- int64 fixed-point deposits: exact mass, the same bits run to run -----------------------------------------------
+
+def kernel_inputs(p: FPProblem, seed: int = 11):
+    """Float32 start positions and drift on the GPU, as solve_torch prepares them for the Triton kernel."""
+    import torch
+
+    from plugins.mfg.fp.common import drift_table
+    from plugins.mfg.fp.torch_kernel import initial_positions
+
+    device = torch.device("cuda")
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    positions = initial_positions(p, generator, device).to(torch.float32)
+    return positions, torch.as_tensor(drift_table(p, p.U), device=device, dtype=torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", FP_VARIANTS)
+def test_two_runs_with_one_seed_give_bit_identical_densities(variant):
+    import torch
+
+    p = driven("reflecting", 300_000)
+    solve = FP_PARTICLE.implementations[variant]
+    first, second = solve(p), solve(p)
+    for key in ("M", "bandwidth", "moments", "mass"):
+        assert torch.equal(first[key], second[key]), key
+    ref, out = solve_numpy(p), host(first)
+    for n in (0, p.Nt):
+        assert l1(p, out["M"][n], ref["M"][n]) < 4 * noise_l1(ref["M"][n], ref["bandwidth"][n], p.N, p.weights())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("boundary", ["periodic", "reflecting"])
+def test_every_step_holds_exactly_n_times_the_scale(boundary):
+    import torch
+
+    from plugins.mfg.fp.layout import SLOTS
+    from plugins.mfg.fp.torch_kernel import FIXED_POINT_SCALE, deposit_units
+    from plugins.mfg.fp.triton_kernel import run_fused, run_fused_counts
+
+    p = driven(boundary, 250_000)
+    start, drift = kernel_inputs(p)
+    counts, _ = run_fused_counts(p, start.clone(), drift, 11)
+    assert counts.dtype == torch.int64
+    assert torch.all(counts.sum(dim=-1) == p.N * FIXED_POINT_SCALE)
+    # N * 2**32 < 2**53: every bin, and every partial sum of bins, is exact in float64
+    mass, _ = run_fused(p, start.clone(), drift, 11)
+    assert torch.all(mass.sum(dim=-1) == p.N)
+    histogram = torch.zeros(SLOTS, p.Nx, dtype=torch.int64, device=start.device)
+    deposit_units(p, start, histogram, torch.arange(p.N, device=start.device) % SLOTS)  # the eager path's deposit
+    assert int(histogram.sum()) == p.N * FIXED_POINT_SCALE
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("boundary", ["periodic", "reflecting"])
+def test_the_kernel_counts_what_the_torch_deposit_counts(boundary):
+    # two implementations of one integer rule, on the same positions: equal counts and moment units
+    import torch
+
+    from plugins.mfg.fp.layout import SLOTS
+    from plugins.mfg.fp.torch_kernel import deposit_units, moment_units
+    from plugins.mfg.fp.triton_kernel import run_fused_counts
+
+    p = driven(boundary, 100_000)
+    start, drift = kernel_inputs(p)
+    last = start.clone()
+    counts, units = run_fused_counts(p, last, drift, 11)  # leaves the last step's positions in `last`
+    slot_index = torch.arange(p.N, device=start.device) % SLOTS
+    for step, x in ((0, start), (p.Nt, last)):
+        histogram = torch.zeros(SLOTS, p.Nx, dtype=torch.int64, device=x.device)
+        deposit_units(p, x, histogram, slot_index)
+        assert torch.equal(histogram.sum(dim=0), counts[step]), step
+        assert torch.equal(moment_units(p, x.double()), units[step]), step
+
+
+@pytest.mark.gpu
+def test_batch_counts_equal_single_counts():
+    import torch
+
+    from plugins.mfg.fp.triton_kernel import run_fused_counts
+
+    p = driven("periodic", 50_000)
+    start, drift = kernel_inputs(p)
+    drifts = torch.stack([drift, 2 * drift, torch.zeros_like(drift)])
+    counts, units = run_fused_counts(p, start.expand(3, -1).clone(), drifts, 11)
+    for k in range(3):
+        single, single_units = run_fused_counts(p, start.clone(), drifts[k], 11)
+        assert torch.equal(counts[k], single) and torch.equal(units[k], single_units), k
+
+
+def test_too_many_particles_for_the_fixed_point_are_refused_with_the_bound():
+    pytest.importorskip("torch")
+    from plugins.mfg.fp.torch_kernel import (
+        FIXED_POINT_SCALE,
+        MAX_PARTICLES,
+        fixed_point_unsupported,
+        fused_unsupported,
+        solve_torch,
+    )
+
+    assert 2 * MAX_PARTICLES * FIXED_POINT_SCALE <= 2**63  # a step's N * SCALE units use at most half of int64
+    assert fixed_point_unsupported(FPProblem(N=MAX_PARTICLES)) == ""
+    big = FPProblem(N=MAX_PARTICLES + 1)
+    assert "(2**30)" in fixed_point_unsupported(big)
+    assert fused_unsupported(big) == fixed_point_unsupported(big)  # refused before Triton or CUDA is asked
+    with pytest.raises(ValueError, match=r"torch FP cannot run this problem: N=1,073,741,825 particles exceed"):
+        solve_torch(big, fused=False)
+
+
+def test_split_units_sum_to_the_scale_and_round_the_fraction():
+    torch = pytest.importorskip("torch")
+    from plugins.mfg.fp.torch_kernel import FIXED_POINT_SCALE, split_units
+
+    edges = torch.tensor([0.0, 1.0, 0.5, 2.0**-33, 2.0**-33 - 2.0**-60, 1 - 2.0**-53], dtype=torch.float64)
+    frac = torch.cat([edges, torch.rand(100_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)])
+    left, right = split_units(frac)
+    assert left.dtype == right.dtype == torch.int64
+    assert torch.all(left + right == FIXED_POINT_SCALE)
+    assert torch.all((right >= 0) & (right <= FIXED_POINT_SCALE))
+    assert float(torch.max(torch.abs(right.double() - frac * FIXED_POINT_SCALE))) <= 0.5 + 1e-9
+    assert right[: len(edges)].tolist() == [0, FIXED_POINT_SCALE, FIXED_POINT_SCALE // 2, 1, 0, FIXED_POINT_SCALE]
+
+
+@pytest.mark.parametrize("boundary", ["periodic", "reflecting"])
+def test_the_fixed_point_deposit_counts_exact_mass_on_cpu_torch(boundary):
+    torch = pytest.importorskip("torch")
+    from plugins.mfg import kde
+    from plugins.mfg.fp.layout import SLOTS
+    from plugins.mfg.fp.torch_kernel import FIXED_POINT_SCALE, deposit_units
+
+    p = FPProblem(N=20_001, Nx=41, Nt=5, boundary=boundary)
+    uniform = torch.rand(p.N, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    x = (p.xmin + p.length * uniform).float()  # float32, as the GPU keeps positions
+    histogram = torch.zeros(SLOTS, p.Nx, dtype=torch.int64)
+    deposit_units(p, x, histogram, torch.arange(p.N) % SLOTS)
+    counts = histogram.sum(dim=0)
+    assert int(counts.sum()) == p.N * FIXED_POINT_SCALE
+    reference = kde.linear_binning(x.double().numpy(), p.xmin, p.dx, p.Nx, boundary)
+    # each particle's split is rounded by at most half a unit, 2**-33 of its mass
+    np.testing.assert_allclose(counts.double().numpy() / (FIXED_POINT_SCALE * p.N), reference, rtol=0, atol=2.0**-33)
+
+
+def test_the_fixed_point_moments_convert_back_to_the_float64_sums():
+    torch = pytest.importorskip("torch")
+    from plugins.mfg.fp.torch_kernel import moment_units, moments_from_units
+
+    p = FPProblem(preset="lq", N=50_000, Nx=41, Nt=5)  # xmin = -1.5: the shift back to x is exercised
+    x = p.xmin + p.length * torch.rand(p.N, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    sums = moments_from_units(p, moment_units(p, x)).numpy()
+    unit = 2.0**-33 * p.N  # half a unit of 2**-32 per particle, at most
+    assert abs(sums[0] - float(x.sum())) <= unit * p.length
+    assert abs(sums[1] - float((x * x).sum())) <= unit * (2 * abs(p.xmin) * p.length + p.length**2) + 1e-9
+
+
+@pytest.mark.parametrize("boundary", ["periodic", "reflecting"])
+@pytest.mark.parametrize("h", [0.05, 0.3])  # 0.3 on 41 nodes: the kernel folds over the domain many times
+def test_the_gathered_smoothing_equals_the_smoothing_matrix(boundary, h):
+    torch = pytest.importorskip("torch")
+    from plugins.mfg import kde
+    from plugins.mfg.fp.torch_kernel import smooth
+
+    p = FPProblem(N=1_000, Nx=41, Nt=3, boundary=boundary)
+    mass = torch.rand(p.Nt + 1, p.Nx, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    out = smooth(p, mass, torch.full((p.Nt + 1,), h, dtype=torch.float64)).numpy()
+    expected = mass.numpy() @ kde.smoothing_matrix(h, p.dx, p.Nx, boundary).T / p.weights()
+    np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(out @ p.weights(), mass.numpy().sum(axis=1), rtol=1e-13)

@@ -6,20 +6,26 @@ Two implementations compute the same thing, each keyed on its own
 - ``fused=True``: ONE Triton kernel launch runs every time step. Each
   program keeps its block of particles in registers for the whole solve,
   draws its normals with Philox (``tl.randn``), interpolates the drift,
-  wraps or reflects, and deposits the linear-binning mass (in float64, so
-  mass is exact to 1e-12) into one of ``SLOTS`` private copies of the
-  histogram, so a few bins are never hammered by every thread at once. It
-  needs CUDA and Triton, and a problem an all-steps kernel can run
-  (:func:`fused_unsupported` says why not).
+  wraps or reflects, and deposits the linear-binning mass into one of
+  ``SLOTS`` private copies of the histogram, so a few bins are never
+  hammered by every thread at once. It needs CUDA and Triton, and a problem
+  an all-steps kernel can run (:func:`fused_unsupported` says why not).
 - ``fused=False`` (eager): the same step as whole-array torch operations,
   with the histogram scattered into the same slotted buffer; it runs every
   problem on CUDA or MPS.
 
 Either way the host receives only the finished (Nt+1, Nx) density.
+
+Both deposit in int64 fixed point (:data:`FIXED_POINT_SCALE` units per
+particle) and the fused kernel sums its moments the same way, so the
+order in which atomic adds land changes nothing: every step holds exactly
+N * SCALE units, and two runs with one seed give bit-identical densities.
+The smoothing gathers (no atomic adds) for the same reason.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 
@@ -49,9 +55,80 @@ def initial_positions(problem, generator, device):
     return positions
 
 
-def _fold_targets(problem, half: int):
-    offsets = np.arange(-half, half + 1)
-    return offsets, kde.fold(np.arange(problem.Nx)[:, None] + offsets[None, :], problem.Nx, problem.boundary)
+# -- int64 fixed point ----------------------------------------------------------------------------------------
+# A particle's unit mass is FIXED_POINT_SCALE integer units, split (SCALE - w, w) between its two nodes. Integer
+# addition is associative, so atomic adds give the same counts in any order. 2**32 resolves a split to 2.3e-10
+# of a particle, far below what the float32 positions carry (their rounding moves a split by about 1e-5 at
+# x ~ 1, dx ~ 0.01). Bound: the largest sum, a step's total N * SCALE (or every particle in one bin), must fit
+# int64; with N <= MAX_PARTICLES = 2**30 it is at most 2**62, half of int64's range. The fused kernel's moment
+# sums count u = (x - xmin) / L and u**2, both in [0, 1] up to float32 rounding, at the same scale: same bound.
+FIXED_POINT_SCALE = 2**32
+MAX_PARTICLES = 2**30
+
+
+def fixed_point_unsupported(problem) -> str:
+    """Why the int64 fixed-point deposits cannot count ``problem``'s particles ("" when they can)."""
+    if problem.N > MAX_PARTICLES:
+        return (f"N={problem.N:,} particles exceed the {MAX_PARTICLES:,} (2**30) that the GPU's int64 fixed-point "
+                f"deposits can count: N * 2**32 units must stay within int64")
+    return ""
+
+
+def split_units(frac):
+    """The fixed-point linear-binning weights ``(SCALE - w, w)`` of fractions in [0, 1], int64; they sum to SCALE.
+
+    ``w = floor(frac * SCALE + 0.5)`` in float64: the product by a power of
+    two is exact, so w is the same bits on every IEEE device, here as in the
+    Triton kernel, and within half a unit (plus float64 rounding of the sum)
+    of ``frac * SCALE``.
+    """
+    torch = _torch()
+    right = (frac * FIXED_POINT_SCALE).add_(0.5).floor_().to(torch.int64)  # one float64 temporary
+    return FIXED_POINT_SCALE - right, right
+
+
+def moment_units(problem, x):
+    """int64 (sum of u, sum of u**2) at SCALE units, u = (x - xmin) * (1 / L), as the Triton kernel counts them.
+
+    ``x`` is float64; the last dimension holds the particles. (Multiplying
+    by the inverse spares the kernel a float64 division per particle step.)
+    """
+    torch = _torch()
+    u = (x - problem.xmin) * (1.0 / problem.length)
+    first = torch.floor(u * FIXED_POINT_SCALE + 0.5).to(torch.int64).sum(dim=-1)
+    second = torch.floor(u * u * FIXED_POINT_SCALE + 0.5).to(torch.int64).sum(dim=-1)
+    return torch.stack([first, second], dim=-1)
+
+
+def moments_from_units(problem, units):
+    """(sum of x, sum of x**2) in float64 from the fixed-point (sum of u, sum of u**2), x = xmin + L u."""
+    torch = _torch()
+    su = units[..., 0].to(torch.float64) / FIXED_POINT_SCALE
+    suu = units[..., 1].to(torch.float64) / FIXED_POINT_SCALE
+    n, xmin, length = problem.N, problem.xmin, problem.length
+    return torch.stack([n * xmin + length * su, n * xmin**2 + 2 * xmin * length * su + length**2 * suu], dim=-1)
+
+
+@functools.lru_cache(maxsize=64)
+def _gather_map(nx: int, boundary: str, half: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each node, the (source node, kernel offset column) pairs the smoothing adds into it, (Nx, width) each.
+
+    The inverse of scattering each node's mass to ``kde.fold``'s targets:
+    every output node then sums its own row in a fixed order, with no atomic
+    adds, so the smoothing gives the same bits on every run. Rows shorter
+    than the longest (nodes near a reflecting wall receive more) are padded
+    with column ``2 * half + 1``, whose kernel weight is zero.
+    """
+    reach = 2 * half + 1
+    targets = kde.fold(np.arange(nx)[:, None] + np.arange(-half, half + 1)[None, :], nx, boundary).ravel()
+    order = np.argsort(targets, kind="stable")
+    counts = np.bincount(targets, minlength=nx)
+    rank = np.arange(targets.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    sources = np.zeros((nx, counts.max()), dtype=np.int64)
+    columns = np.full((nx, counts.max()), reach, dtype=np.int64)
+    sources[targets[order], rank] = order // reach
+    columns[targets[order], rank] = order % reach
+    return sources, columns
 
 
 def smooth(problem, mass, bandwidths):
@@ -59,16 +136,22 @@ def smooth(problem, mass, bandwidths):
 
     Same rule as :func:`plugins.mfg.kde.smoothing_matrix`: kernel sampled on
     the grid, normalised to sum one, folded at the boundary (mass exact).
+    Each node gathers its contributions (:func:`_gather_map`), a few columns
+    at a time so the (steps, Nx, columns) temporaries stay within the
+    (steps, Nx, 2*half+1) the memory estimate counts.
     """
     torch = _torch()
     half = kde.half_width(float(bandwidths.max()), problem.dx)  # one sync, at the end
-    offsets, targets = _fold_targets(problem, half)
-    offsets = torch.as_tensor(offsets * problem.dx, device=mass.device, dtype=mass.dtype)
+    offsets = torch.as_tensor(np.arange(-half, half + 1) * problem.dx, device=mass.device, dtype=mass.dtype)
     kernel = torch.exp(-0.5 * (offsets[None, :] / bandwidths[:, None]) ** 2)
-    kernel = kernel / kernel.sum(dim=1, keepdim=True)
-    contributions = (mass[:, :, None] * kernel[:, None, :]).reshape(mass.shape[0], -1)
-    index = torch.as_tensor(targets.reshape(-1), device=mass.device).expand(mass.shape[0], -1)
-    smoothed = torch.zeros_like(mass).scatter_add_(1, index, contributions)
+    kernel = torch.nn.functional.pad(kernel / kernel.sum(dim=1, keepdim=True), (0, 1))  # the padding's zero
+    sources, columns = _gather_map(problem.Nx, problem.boundary, half)
+    smoothed = torch.zeros_like(mass)
+    width = -(-sources.shape[1] // 4)
+    for start in range(0, sources.shape[1], width):
+        source = torch.as_tensor(sources[:, start:start + width], device=mass.device)
+        column = torch.as_tensor(columns[:, start:start + width], device=mass.device)
+        smoothed += mass[:, source].mul_(kernel[:, column]).sum(dim=-1)
     return smoothed / torch.as_tensor(problem.weights(), device=mass.device, dtype=mass.dtype)
 
 
@@ -96,7 +179,7 @@ def fused_unsupported(problem) -> str:
     The problem's needs are checked first, then Triton, and CUDA last: only
     that step imports torch.
     """
-    reason = all_steps_unsupported(problem)
+    reason = all_steps_unsupported(problem) or fixed_point_unsupported(problem)
     if reason:
         return reason
     if importlib.util.find_spec("triton") is None:
@@ -110,6 +193,8 @@ def solve_torch(problem, U: np.ndarray | None = None, *, fused: bool) -> dict:
     """M (Nt+1, Nx) and the rest as device tensors; ``fused`` takes the Triton kernel (see the module docstring)."""
     if fused and fused_unsupported(problem):
         raise ValueError(f"the fused torch FP cannot run this problem: {fused_unsupported(problem)}")
+    if problem.kde == "binned" and fixed_point_unsupported(problem):
+        raise ValueError(f"the torch FP cannot run this problem: {fixed_point_unsupported(problem)}")
     dev = gpu_device()
     torch = _torch()
     U = problem.U if U is None else U
@@ -135,8 +220,12 @@ def solve_torch(problem, U: np.ndarray | None = None, *, fused: bool) -> dict:
             "moments": torch.stack([mean, variance], dim=1), "path": np.array("fused" if fused else "eager")}
 
 
-def _deposit(problem, positions, histogram, slot_index):
-    """Linear binning into the slotted histogram (Nslots, Nx), float64."""
+def deposit_units(problem, positions, histogram, slot_index):
+    """Linear binning into the slotted int64 histogram (Nslots, Nx), in fixed-point units (:func:`split_units`).
+
+    The cell and fraction are computed in float64 exactly as the Triton
+    kernel computes them, so both count the same units for the same positions.
+    """
     torch = _torch()
     s = (positions.double() - problem.xmin) / problem.dx
     left = torch.floor(s)
@@ -149,9 +238,11 @@ def _deposit(problem, positions, histogram, slot_index):
         left = torch.clamp(left, 0, problem.Nx - 2)
         frac = torch.clamp(s - left, 0.0, 1.0)
         right = left + 1
+    left_units, right_units = split_units(frac)
+    del s, frac  # freed before the index temporaries, which bounds the deposit's peak memory
     flat = histogram.view(-1)
-    flat.index_add_(0, slot_index * problem.Nx + left, 1.0 - frac)
-    flat.index_add_(0, slot_index * problem.Nx + right, frac)
+    flat.index_add_(0, slot_index * problem.Nx + left, left_units)
+    flat.index_add_(0, slot_index * problem.Nx + right, right_units)
 
 
 def _quartile_spread(x):
@@ -178,11 +269,11 @@ def _run_eager(problem, positions, drift, generator):
     torch = _torch()
     dev = positions.device
     steps = problem.Nt + 1
-    mass = torch.zeros(steps, problem.Nx, dtype=torch.float64, device=dev)
+    counts = torch.zeros(steps, problem.Nx, dtype=torch.int64, device=dev)
     bandwidths = torch.zeros(steps, dtype=torch.float64, device=dev)
     direct = torch.zeros(steps, problem.Nx, dtype=torch.float64, device=dev) if problem.kde == "direct" else None
     slot_index = torch.arange(problem.N, device=dev) % SLOTS
-    histogram = torch.zeros(SLOTS, problem.Nx, dtype=torch.float64, device=dev)
+    histogram = torch.zeros(SLOTS, problem.Nx, dtype=torch.int64, device=dev)
     sums = torch.zeros(steps, 2, dtype=torch.float64, device=dev)
     noise = problem.sigma * math.sqrt(problem.dt)
     for n in range(steps):
@@ -211,9 +302,9 @@ def _run_eager(problem, positions, drift, generator):
             direct[n] = _direct_density(problem, x, bandwidths[n])
         else:
             histogram.zero_()
-            _deposit(problem, positions, histogram, slot_index)
-            mass[n] = histogram.sum(dim=0)
-    return mass, bandwidths, direct, sums
+            deposit_units(problem, positions, histogram, slot_index)
+            counts[n] = histogram.sum(dim=0)
+    return counts.to(torch.float64).div_(FIXED_POINT_SCALE), bandwidths, direct, sums
 
 
 def _place(problem, positions):
