@@ -222,8 +222,9 @@ def test_two_runs_with_one_seed_give_bit_identical_densities(variant):
 def test_every_step_holds_exactly_n_times_the_scale(boundary):
     import torch
 
+    from plugins.mfg.fp.fixed_point import FIXED_POINT_SCALE
     from plugins.mfg.fp.layout import SLOTS
-    from plugins.mfg.fp.torch_kernel import FIXED_POINT_SCALE, deposit_units
+    from plugins.mfg.fp.torch_kernel import deposit_units
     from plugins.mfg.fp.triton_kernel import run_fused, run_fused_counts
 
     p = driven(boundary, 250_000)
@@ -245,8 +246,9 @@ def test_the_kernel_counts_what_the_torch_deposit_counts(boundary):
     # two implementations of one integer rule, on the same positions: equal counts and moment units
     import torch
 
+    from plugins.mfg.fp.fixed_point import moment_units
     from plugins.mfg.fp.layout import SLOTS
-    from plugins.mfg.fp.torch_kernel import deposit_units, moment_units
+    from plugins.mfg.fp.torch_kernel import deposit_units
     from plugins.mfg.fp.triton_kernel import run_fused_counts
 
     p = driven(boundary, 100_000)
@@ -278,13 +280,8 @@ def test_batch_counts_equal_single_counts():
 
 def test_too_many_particles_for_the_fixed_point_are_refused_with_the_bound():
     pytest.importorskip("torch")
-    from plugins.mfg.fp.torch_kernel import (
-        FIXED_POINT_SCALE,
-        MAX_PARTICLES,
-        fixed_point_unsupported,
-        fused_unsupported,
-        solve_torch,
-    )
+    from plugins.mfg.fp.fixed_point import FIXED_POINT_SCALE, MAX_PARTICLES, fixed_point_unsupported
+    from plugins.mfg.fp.torch_kernel import fused_unsupported, solve_torch
 
     assert 2 * MAX_PARTICLES * FIXED_POINT_SCALE <= 2**63  # a step's N * SCALE units use at most half of int64
     assert fixed_point_unsupported(FPProblem(N=MAX_PARTICLES)) == ""
@@ -297,7 +294,7 @@ def test_too_many_particles_for_the_fixed_point_are_refused_with_the_bound():
 
 def test_split_units_sum_to_the_scale_and_round_the_fraction():
     torch = pytest.importorskip("torch")
-    from plugins.mfg.fp.torch_kernel import FIXED_POINT_SCALE, split_units
+    from plugins.mfg.fp.fixed_point import FIXED_POINT_SCALE, split_units
 
     edges = torch.tensor([0.0, 1.0, 0.5, 2.0**-33, 2.0**-33 - 2.0**-60, 1 - 2.0**-53], dtype=torch.float64)
     frac = torch.cat([edges, torch.rand(100_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)])
@@ -313,8 +310,9 @@ def test_split_units_sum_to_the_scale_and_round_the_fraction():
 def test_the_fixed_point_deposit_counts_exact_mass_on_cpu_torch(boundary):
     torch = pytest.importorskip("torch")
     from plugins.mfg import kde
+    from plugins.mfg.fp.fixed_point import FIXED_POINT_SCALE
     from plugins.mfg.fp.layout import SLOTS
-    from plugins.mfg.fp.torch_kernel import FIXED_POINT_SCALE, deposit_units
+    from plugins.mfg.fp.torch_kernel import deposit_units
 
     p = FPProblem(N=20_001, Nx=41, Nt=5, boundary=boundary)
     uniform = torch.rand(p.N, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
@@ -330,7 +328,7 @@ def test_the_fixed_point_deposit_counts_exact_mass_on_cpu_torch(boundary):
 
 def test_the_fixed_point_moments_convert_back_to_the_float64_sums():
     torch = pytest.importorskip("torch")
-    from plugins.mfg.fp.torch_kernel import moment_units, moments_from_units
+    from plugins.mfg.fp.fixed_point import moment_units, moments_from_units
 
     p = FPProblem(preset="lq", N=50_000, Nx=41, Nt=5)  # xmin = -1.5: the shift back to x is exercised
     x = p.xmin + p.length * torch.rand(p.N, generator=torch.Generator().manual_seed(2), dtype=torch.float64)

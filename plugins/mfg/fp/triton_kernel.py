@@ -6,7 +6,7 @@ atomic deposits into this program's histogram slot. The slotted layout is
 shared with the torch eager path through :mod:`plugins.mfg.fp.layout`.
 
 Deposits and moment sums are int64 fixed point (the scale, its bound and
-the rounding are in :mod:`plugins.mfg.fp.torch_kernel`): integer atomic
+the rounding are in :mod:`plugins.mfg.fp.fixed_point`): integer atomic
 adds give the same sums in whatever order they land, so a step's mass is
 exactly N * SCALE units and two runs with one seed give the same bits.
 """
@@ -70,14 +70,14 @@ def _fp_all_steps(pos_ptr, drift_ptr, hist_ptr, mom_ptr, frame_ptr, n_particles,
                 y = y - period * tl.floor(y / period)
                 y = tl.where(y > length, period - y, y)
             x = xmin + y
-        # deposits in int64 units, (scale - w, w) with w = floor(frac * scale + 0.5): torch_kernel.split_units
+        # deposits in int64 units, (scale - w, w) with w = floor(frac * scale + 0.5): fixed_point.split_units
         x64 = x.to(tl.float64)
         left, right, frac = _cell(x64, xmin64, dx64, nx, PERIODIC)
         right_units = tl.floor(frac * scale64 + 0.5).to(tl.int64)
         base = hist_ptr + (n * slots + slot) * nx
         tl.atomic_add(base + left, scale - right_units, mask=mask)
         tl.atomic_add(base + right, right_units, mask=mask)
-        # moments as int64 sums of u and u**2, u = (x - xmin) * (1 / L): torch_kernel.moment_units
+        # moments as int64 sums of u and u**2, u = (x - xmin) * (1 / L): fixed_point.moment_units
         u = (x64 - xmin64) * inverse_length64
         first = tl.where(mask, tl.floor(u * scale64 + 0.5).to(tl.int64), 0)
         second = tl.where(mask, tl.floor(u * u * scale64 + 0.5).to(tl.int64), 0)
@@ -94,12 +94,12 @@ def run_fused_counts(problem, positions, drift, seed: int):
     (K, N) with (K, Nt+1, Nx) is a batch of K sharing the particles' seed.
     The kernel leaves the last step's positions in ``positions`` (when
     contiguous). Every step's counts sum to exactly N * FIXED_POINT_SCALE;
-    the moment units are :func:`plugins.mfg.fp.torch_kernel.moment_units`
+    the moment units are :func:`plugins.mfg.fp.fixed_point.moment_units`
     of each step's positions.
     """
     import torch
 
-    from plugins.mfg.fp.torch_kernel import FIXED_POINT_SCALE, fixed_point_unsupported
+    from plugins.mfg.fp.fixed_point import FIXED_POINT_SCALE, fixed_point_unsupported
 
     if fixed_point_unsupported(problem):
         raise ValueError(f"the fused torch FP cannot run this problem: {fixed_point_unsupported(problem)}")
@@ -128,7 +128,7 @@ def run_fused(problem, positions, drift, seed: int):
     """
     import torch
 
-    from plugins.mfg.fp.torch_kernel import FIXED_POINT_SCALE, moments_from_units
+    from plugins.mfg.fp.fixed_point import FIXED_POINT_SCALE, moments_from_units
 
     counts, units = run_fused_counts(problem, positions, drift, seed)
     return counts.to(torch.float64).div_(FIXED_POINT_SCALE), moments_from_units(problem, units)
