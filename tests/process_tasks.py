@@ -140,3 +140,18 @@ def warm_up_counter():
 def pid_and_warm_ups(task, shared, seed):
     time.sleep(task)
     return os.getpid(), WARM_UPS
+
+
+def faults_of_two_arrays(task, shared, seed):
+    """Minor page faults of filling an array of ``task`` bytes, freeing it, and filling a second one."""
+    import resource
+
+    import numpy as np
+
+    faults = []
+    for _ in range(2):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        array = np.ones(task // 8)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        del array
+    return faults

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import platform
 
 import numpy as np
 import process_tasks as pt
@@ -10,7 +11,7 @@ import pytest
 
 from core import TaskFailedError, WorkerCrashedError
 from core.backend import usable_cores
-from core.backends import core_lending, process_pool
+from core.backends import core_lending, process_pool, worker_memory
 from core.seeded_tasks import run_serially
 
 
@@ -227,3 +228,20 @@ def test_a_warm_up_that_is_not_a_function_is_named_before_any_task_runs():
 
     with pytest.raises(ProblemError, match=r"warm_up=.*is invalid: must be a module-level function"):
         tasks.map_tasks(pt.pid_and_warm_ups, [0.0], backend="process", workers=2, warm_up="numba")
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the workers' malloc settings are glibc's")
+def test_workers_reuse_the_memory_a_task_frees(monkeypatch):
+    # glibc unmaps a freed block above 32 MiB, so the next one of that size was faulted in afresh: a
+    # spectra chunk of 64 spectra did that every model evaluation. A worker keeps it (worker_memory).
+    size = 64 * 2**20
+    process_pool.shutdown()
+    try:
+        for first, second in process_pool.map_tasks(pt.faults_of_two_arrays, [size, size], workers=2):
+            assert second * 10 <= max(first, 1), (first, second)  # the second array reuses the first's pages
+        process_pool.shutdown()  # the switch is read when the pool starts
+        monkeypatch.setenv(worker_memory.SWITCH, "0")
+        for first, second in process_pool.map_tasks(pt.faults_of_two_arrays, [size, size], workers=2):
+            assert second * 2 >= first > 0, (first, second)  # glibc's default: mapped and faulted in again
+    finally:
+        process_pool.shutdown()
