@@ -160,11 +160,12 @@ def chunks(n: int) -> list[tuple[int, int]]:
     Equal sizes: fixed chunks of 4 split 6 spectra 4 + 2, and one of two workers idled for a third of
     the run (the cost model's span assumes equal tasks). The cap: 16 workers fitting 64 spectra each
     (a batch of 4,096) ran 3.6x slower per spectrum than with chunks of 16 (155 against 559 spectra
-    per second on the H200 host, docs/results/gpu-2026-11-26c/9-*). The cause was not the caches: a
+    per second on the H200 host, docs/results/gpu-2026-11-26c/9-*). Part of it on the VM: a
     64-spectrum evaluation's arrays (64 MB of interpolated templates) exceed glibc's 32 MiB mmap limit,
     so every evaluation faulted them in afresh, in every worker at once. The pool's workers now keep
     freed memory (core.backends.worker_memory): on the 2-core VM, chunks of 64 went from 69-77 to
-    143-147 spectra per second at a batch of 1,024, against 101-135 for chunks of 16 either way.
+    143-147 spectra per second at a batch of 1,024, against 101-135 for chunks of 16 either way. On
+    the H200 host a fresh machine's first run at 4,096 still lost 70 % with it (docs/spectra.md).
     """
     count = max(1, min(64, -(-n // 4)), -(-n // MAX_CHUNK))
     base, extra = divmod(n, count)
