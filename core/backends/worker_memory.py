@@ -10,11 +10,9 @@ the kernel; NumPy asks for huge pages on arrays of 4 MB or more, so often
 2 MB at a time), and unmaps them again, evaluation after evaluation. Every
 worker of a pool does it at once, so they all zero memory at once.
 
-That, not the caches, is the likely cause of ``spectra.fit``'s loss on the
-process backend at large batches when its chunks held 64 spectra (435.5
-against 139.1 spectra per second at 512 and 4,096 on the 16-core H200
-host; not measured there since). On the 2-core VM (2 workers, realistic grid, a batch of 1,024, two
-runs each, ``docs/spectra.md``):
+On the 2-core VM that made ``spectra.fit``'s 64-spectrum chunks on the
+process backend run at half speed (2 workers, realistic grid, a batch of
+1,024, two runs each, ``docs/spectra.md``):
 
 - 64-spectrum chunks: 69-77 spectra/s and 1,440 minor page faults per
   spectrum as glibc leaves them; 143-147 and 43 when freed memory stays in
@@ -23,7 +21,12 @@ runs each, ``docs/spectra.md``):
 - 16-spectrum chunks, whose arrays mostly stay under the limit: 101-102
   and 118-135 (28 and 15 faults per spectrum).
 
-So each worker (:func:`keep_freed_memory`, from the pool's initializer)
+It does not explain the loss once seen on the 16-core H200 host at 4,096
+spectra (435.5 against 139.1 spectra per second at 512): there a fresh
+machine's first run lost 70 % with this setting on, and the two runs after
+it, off and on, ran 4,096 faster than 512 (``docs/spectra.md``).
+
+Each worker (:func:`keep_freed_memory`, from the pool's initializer)
 sets ``M_MMAP_MAX`` to 0 (every block comes from the heap, and a freed one
 is reused by the next task) and ``M_TRIM_THRESHOLD`` to
 :data:`TRIM_THRESHOLD` (the heap's free top goes back to the kernel only
