@@ -18,17 +18,26 @@ fresh wisdom store:
   naming numba, each loop on a fresh planner that first planned another
   problem (as ``crossover evaluate``'s loops). What planning a new
   problem costs a kernel of tens of microseconds.
+- ``phases``: where that first call's time goes. What reading each
+  backend's free memory costs; then, for 200 new HJB problems (Nx 21-70),
+  the median first-call overhead and the median time of each phase (the
+  plan, the models' view, the loop's step, the run and its bookkeeping),
+  auto or naming numba, with the free-memory reading fresh or stale (a
+  process that solves a new problem every few seconds); then a cProfile
+  of 120 auto first calls.
 
 Each line: what ran, then per call (implementation, wall ms, kernel ms).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 os.environ.setdefault("CROSSOVER_CACHE_DIR", tempfile.mkdtemp(prefix="crossover-first-calls-"))
 
@@ -40,19 +49,23 @@ from core.registry import get_solver
 from core.solver import problem_from_params
 
 
-def calls(solver: str, problem: object, backend: str, count: int = 3,
-          primer: object = None) -> list[tuple[str, float, float]]:
+def calls(solver: str, problem: object, backend: str, count: int = 3, primer: object = None,
+          stale_memory: bool = False, around=contextlib.nullcontext) -> list[tuple[str, float, float]]:
     """``count`` calls on a fresh planner (that first planned ``primer``, if given): (implementation, wall ms,
-    kernel ms) each."""
+    kernel ms) each. ``stale_memory`` drops the process's free-memory readings first (as a call made over a
+    second after the last one finds them); ``around()`` is entered around each call."""
     found = []
     with use(Planner.from_calibration(current())):
         if primer is not None:
             core.plan(primer, solver=solver, expected_calls=math.inf, explain=False, calibrate=True)
+        if stale_memory:
+            current().process.memory_read = (-math.inf, {})
         for _ in range(count):
-            began = time.perf_counter()
-            result = core.solve(problem, backend, solver=solver, expected_calls=math.inf)
-            found.append((result.backend, round((time.perf_counter() - began) * 1e3, 3),
-                          round(result.seconds * 1e3, 3)))
+            with around():
+                began = time.perf_counter()
+                result = core.solve(problem, backend, solver=solver, expected_calls=math.inf)
+                wall = time.perf_counter() - began
+            found.append((result.backend, round(wall * 1e3, 3), round(result.seconds * 1e3, 3)))
     return found
 
 
@@ -102,7 +115,89 @@ def hjb_overhead() -> None:
               [round(statistics.median(row[call] for row in found)) for call in range(3)])
 
 
-PARTS = {"rw": random_walk, "lr": linreg_graph, "dg": dotgat_batches, "hjb": hjb_overhead}
+PHASE_TIMES: dict[str, list[float]] = {}
+_TIMING = [False]
+
+
+def _timed(module: object, name: str) -> None:
+    """Replace ``module.name`` by a wrapper that adds its time to PHASE_TIMES while a call is timed."""
+    function = getattr(module, name)
+
+    def wrapper(*args: object, **kwargs: object) -> object:
+        began = time.perf_counter()
+        result = function(*args, **kwargs)
+        if _TIMING[0]:
+            PHASE_TIMES.setdefault(name, []).append(time.perf_counter() - began)
+        return result
+
+    setattr(module, name, wrapper)
+
+
+@contextlib.contextmanager
+def _timing() -> Iterator[None]:
+    _TIMING[0] = True
+    try:
+        yield
+    finally:
+        _TIMING[0] = False
+
+
+def first_call_phases() -> None:
+    import cProfile
+    import io
+    import pstats
+    import statistics
+
+    import core.api as api
+    import core.costmodel.plan as planmod
+    from core.backend import safe_free_memory
+    from core.registry import get_registry
+
+    spec = get_solver("mfg.hjb_fdm")
+    ensure_calibrated(spec)
+    warm_the_process(spec, True)
+    primer = problem_from_params(spec, {"Nx": 21, "Nt": 12})
+    for name, backend in get_registry().backends.items():
+        reads = []
+        for _ in range(20):
+            began = time.perf_counter()
+            safe_free_memory(backend)
+            reads.append(time.perf_counter() - began)
+        print(f"free memory of {name}: {statistics.median(reads) * 1e6:.1f} us a reading")
+    for name in ("plan", "_step", "_run", "_settling", "_next", "tier_up", "run_once", "_named"):
+        _timed(api, name)
+    for name in ("_view", "_decide"):
+        _timed(planmod, name)
+    sizes = [(21 + i, nt) for i in range(50) for nt in (10, 11, 13, 17)]
+    for backend in ("auto", "numba"):
+        for stale in (False, True):
+            PHASE_TIMES.clear()
+            overheads = [wall - kernel for nx, nt in sizes
+                         for _, wall, kernel in calls(spec.name, problem_from_params(spec, {"Nx": nx, "Nt": nt}),
+                                                      backend, 1, primer, stale, _timing)]
+            phases = ", ".join(f"{name} {statistics.median(times) * 1e6:.0f}" for name, times in PHASE_TIMES.items())
+            print(f"{backend}, {'stale' if stale else 'fresh'} free memory: first call "
+                  f"{statistics.median(overheads) * 1e3:.0f} us over the kernel; phases (us): {phases}")
+    profile = cProfile.Profile()
+    for nx, nt in sizes[:120]:
+        calls(spec.name, problem_from_params(spec, {"Nx": nx, "Nt": nt}), "auto", 1, primer, True,
+              lambda: _profiling(profile))
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
+    print(text.getvalue()[:6000])
+
+
+@contextlib.contextmanager
+def _profiling(profile: object) -> Iterator[None]:
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+
+
+PARTS = {"rw": random_walk, "lr": linreg_graph, "dg": dotgat_batches, "hjb": hjb_overhead,
+         "phases": first_call_phases}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in PARTS:
