@@ -184,8 +184,9 @@ def _next(spec: SolverSpec, decision: Plan, race: Any, expected_calls: float | N
           estimated: dict[str, Any]) -> Step:
     # an unset count expects this problem to run as often again as it has so far (at least once more)
     calls_left = expected_calls - race.calls if expected_calls is not None else race.calls + 1
-    return next_step(estimated, race, decision.backend, calls_left, _owed(decision),
-                     current().replanning_seconds(spec))
+    # a trial's replans are priced from call 2 on: a first call never tries (race.next_step)
+    replanning = current().replanning_seconds(spec) if race.calls else 0.0
+    return next_step(estimated, race, decision.backend, calls_left, _owed(decision), replanning)
 
 
 def _contenders(decision: Plan) -> dict[str, Any]:

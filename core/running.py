@@ -35,19 +35,23 @@ def find_solver(problem: Any) -> SolverSpec:
                        "pass solver=NAME or register the plugin that defines it")
 
 
-@functools.cache
-def _cached_probe(backend: Backend) -> Availability:
-    return safe_probe(backend)
+_PROBED: dict[int, tuple[Backend, Availability]] = {}  # by the backend object's identity
 
 
 def probe(backend: Backend) -> Availability:
-    """A backend's availability, probed once per process (probes may import torch: seconds)."""
-    return _cached_probe(backend)
+    """A backend's availability, probed once per process (probes may import torch: seconds).
+
+    Kept by the object's identity: a frozen dataclass hashes every field on
+    each lookup, and a plan asks once per implementation."""
+    found = _PROBED.get(id(backend))
+    if found is None or found[0] is not backend:
+        found = _PROBED[id(backend)] = (backend, safe_probe(backend))
+    return found[1]
 
 
 def forget_probes() -> None:
     """Probe again on next use (tests that fake a device, or a GPU that appeared)."""
-    _cached_probe.cache_clear()
+    _PROBED.clear()
 
 
 def implementations(spec: SolverSpec) -> dict[str, Implementation]:

@@ -30,6 +30,7 @@ Why these choices:
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Mapping, Sequence
@@ -80,21 +81,41 @@ class CostModel:
         """Predicted seconds, and whether the features lie outside the fitted region."""
         phi = [float(features.get(name, 0.0)) for name in self.feature_names]
         seconds = self.intercept + sum(map(operator.mul, self.coefficients, phi))
-        return seconds, self.extrapolated(features)
+        if self._box is None:  # ranges over other names than the model's (a hand-made model)
+            return seconds, self.extrapolated(features)
+        return seconds, self._outside(phi)
 
     def extrapolated(self, features: Mapping[str, float]) -> bool:
         for name, (low, high) in self.ranges.items():
             value = float(features.get(name, 0.0))
             if value > high * EXTRAPOLATION_FACTOR or value < low / EXTRAPOLATION_FACTOR:
                 return True
+        return self._off_axes([float(features.get(n, 0.0)) for n in self.feature_names])
+
+    @functools.cached_property
+    def _box(self) -> tuple[tuple[float, float], ...] | None:
+        """The ranges widened by the factor, in the order of the model's features (None where they differ)."""
+        if tuple(self.ranges) != tuple(self.feature_names):
+            return None
+        return tuple((low / EXTRAPOLATION_FACTOR, high * EXTRAPOLATION_FACTOR) for low, high in self.ranges.values())
+
+    def _outside(self, phi: list[float]) -> bool:
+        """:meth:`extrapolated` of the model's own features, in their order (a plan predicts every
+        implementation: computed once per feature)."""
+        for value, (low, high) in zip(phi, self._box):
+            if value > high or value < low:
+                return True
+        return self._off_axes(phi)
+
+    def _off_axes(self, phi: list[float]) -> bool:
         if not self.axes:
             return False
         # in plain Python: a handful of features, where NumPy's per-call cost was most of a plan's (and
         # map over operator.mul, at half a generator's cost: a plan predicts every implementation)
-        point = [math.log1p(max(float(features.get(n, 0.0)), 0.0)) - c for n, c in zip(self.feature_names, self.centre)]
+        point = [math.log1p(max(value, 0.0)) - c for value, c in zip(phi, self.centre)]
         slack = math.log(EXTRAPOLATION_FACTOR)
         for axis, (low, high) in zip(self.axes, self.span):
-            coordinate = math.fsum(map(operator.mul, axis, point))
+            coordinate = sum(map(operator.mul, axis, point))
             if coordinate < low - slack or coordinate > high + slack:
                 return True
         return False

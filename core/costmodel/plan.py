@@ -126,13 +126,15 @@ def _model_prediction(spec: SolverSpec, problem: Any, key: str,
     error = max(MIN_ERROR, fitted.relative_error)
     if status != "calibrated":
         error = max(error, EXTRAPOLATED_ERROR)
-    return Prediction(max(seconds, 0.0), status, 0.0, error), fitted
+    seconds = max(seconds, 0.0)
+    return Prediction(seconds, status, 0.0, error, 0, seconds), fitted
 
 
 def _with_runs(model: Prediction, warm: Sequence[float], one_off: float) -> Prediction:
     """The model's prediction with this process's unpaid one-off, and with warm runs of this problem if any."""
-    if not warm:  # built directly: dataclasses.replace costs a steady-state plan a few microseconds a key
-        return Prediction(model.seconds, model.status, one_off, model.error, model.samples, model.seconds)
+    if not warm:  # the model's own where nothing is owed (a Prediction is immutable): each costs a plan 1-2 us
+        return model if one_off == model.one_off_seconds else Prediction(
+            model.seconds, model.status, one_off, model.error, model.samples, model.seconds)
     # the model and the runs together (core.costmodel.race)
     guess = (max(model.seconds, 1e-12), model.error) if model.seconds is not None else None
     band = estimate(guess, list(warm))
@@ -248,8 +250,10 @@ def plan(problem: Any, *, solver: str | None = None, expected_calls: float | Non
                     if not excluded.get(k, "").startswith(("unavailable", "unsupp"))}
         free = {k: view.free_memory.get(backend_of(k)) for k in runnable}
         thresholds = tuple(break_even(spec, problem, runnable, free))
-    warning = limits.too_long(spec.name, chosen, predictions[chosen].seconds,
-                              limits.predicted_memory(spec, problem, chosen), limits.max_seconds())
+    seconds, limit = predictions[chosen].seconds, limits.max_seconds()
+    # the memory only decorates a warning: estimated where there is one (a plan per new problem)
+    warning = limits.too_long(spec.name, chosen, seconds, limits.predicted_memory(spec, problem, chosen), limit) \
+        if seconds is not None and seconds > limit else ""
     if warning:  # say it in the plan too, so `crossover plan` warns before `crossover run` refuses
         reason = f"{reason}; WARNING: {warning}"
     return Plan(solver=spec.name, backend=chosen, reason=reason, predictions=predictions, excluded=excluded,

@@ -25,6 +25,8 @@ fresh wisdom store:
   auto or naming numba, with the free-memory reading fresh or stale (a
   process that solves a new problem every few seconds); then a cProfile
   of 120 auto first calls.
+- ``evaluate``: ``crossover evaluate mfg.hjb_fdm`` itself, with each call's
+  phases timed: auto against the calls naming the best, per call index.
 
 Each line: what ran, then per call (implementation, wall ms, kernel ms).
 """
@@ -196,8 +198,54 @@ def _profiling(profile: object) -> Iterator[None]:
         profile.disable()
 
 
+def evaluate_phases() -> None:
+    """``crossover evaluate`` on HJB, with each ``core.solve`` call's phases timed: auto against the calls naming
+    the best, per call index (median over problems), so a gap between the two shows where it is spent."""
+    import statistics
+
+    import core.api as api
+    import core.costmodel.plan as planmod
+    import core.costmodel.planner as plannermod
+    from core.costmodel.evaluate import evaluate
+
+    records: list[tuple[str, dict[str, float]]] = []
+    solve = api.solve
+
+    def timed_solve(problem: object, backend: str = "auto", **kwargs: object) -> object:
+        records.append((backend, {}))
+        PHASE_TIMES.clear()
+        with _timing():
+            began = time.perf_counter()
+            result = solve(problem, backend, **kwargs)
+            wall = time.perf_counter() - began
+        phases = records[-1][1]
+        phases.update({name: sum(times) for name, times in PHASE_TIMES.items()})
+        phases["overhead"] = wall - result.seconds
+        return result
+
+    api.solve = timed_solve
+    for name in ("plan", "_step", "_run", "_settling", "_settled", "_next", "tier_up", "run_once", "_named",
+                 "_refuse_if_too_long"):
+        _timed(api, name)
+    for name in ("_view", "_decide"):
+        _timed(planmod, name)
+    for name in ("observe", "race", "count_call", "note_planning"):
+        _timed(plannermod.Planner, name)
+    report = evaluate("mfg.hjb_fdm", count=int(os.environ.get("PROBE_COUNT", "12")), progress=False)
+    auto = [phases for backend, phases in records if backend == "auto"]
+    named = [phases for backend, phases in records if backend != "auto"]
+    for label, found in (("auto", auto), ("named", named)):
+        for call in range(3):
+            rows = found[call::3]
+            names = sorted({name for row in rows for name in row}, key=lambda n: -statistics.median(
+                row.get(n, 0.0) for row in rows))
+            print(f"{label} call {call + 1} (us, median of {len(rows)}):",
+                  ", ".join(f"{n} {statistics.median(row.get(n, 0.0) for row in rows) * 1e6:.0f}" for n in names))
+    print("loop ratios:", [round(row.loop_ratio, 2) for row in report.rows])
+
+
 PARTS = {"rw": random_walk, "lr": linreg_graph, "dg": dotgat_batches, "hjb": hjb_overhead,
-         "phases": first_call_phases}
+         "phases": first_call_phases, "evaluate": evaluate_phases}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in PARTS:

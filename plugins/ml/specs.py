@@ -124,8 +124,8 @@ LINREG = SolverSpec(
     default_problem=LinRegProblem,
     summarize=linreg_summary,
     description="linear regression by full-batch gradient descent on the MSE (one pass per epoch)",
-    version="5",  # 3: the span feature, the Triton graph epoch, the quick space to 2M; 4: to 8M; 5: the spilled
-    # features (older timings lack them)
+    version="6",  # 3: the span feature, the Triton graph epoch, the quick space to 2M; 4: to 8M; 5: the spilled
+    # features (older timings lack them); 6: the torch variants convert on the device (linreg_torch.to_device)
 )
 
 
