@@ -390,16 +390,20 @@ def run_loop(spec: Any, problem: Any, calls: int, backend: str = "auto", plannin
 
 @contextlib.contextmanager
 def _without_collections() -> Iterator[None]:
-    """The garbage collector run before the calls and kept off while they run, as :mod:`timeit` times.
+    """The garbage collector kept off while the calls run, as :mod:`timeit` times.
 
     A full collection falls on whatever allocates when the harness's own
     garbage (the truth's runs, generated data) reaches the threshold: in
     ``crossover evaluate ml.linreg_moments`` on the VM it fell on the same
     problem's first call in three runs of four, 1.1 ms on a 0.17 ms kernel
     (2.7x the calls naming the best), and never on the calls naming it.
+    Nothing is collected before the calls either (as timeit does not): a
+    full collection walks every object in the process, and the first call
+    after it ran with the CPU's caches flushed, 2.6x its overhead (an HJB
+    first call naming numba: 208 us over its kernel, 80 without it, on the
+    VM), which no user's loop pays between its calls.
     """
     was_on = gc.isenabled()
-    gc.collect()
     gc.disable()
     try:
         yield
