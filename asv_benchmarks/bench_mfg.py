@@ -8,14 +8,16 @@ both timed in the same process; the acceptance bar is 50x.
 
 from __future__ import annotations
 
+import numpy as np
+
 import core
 from core.costmodel.calibrate import median_seconds
 from core.solver import backend_of
-from plugins.mfg.problem import FPProblem, MFGProblem
+from plugins.mfg.problem import FPProblem, HJBProblem, MFGProblem
 
 # every implementation key: variants of one device are timed side by side, as calibration sees them
 FP_IMPLEMENTATIONS = ["numpy", "numba:fused", "numba:steps", "torch:fused", "torch:eager"]
-FIXED_POINT_IMPLEMENTATIONS = ["numpy", "numba", "torch:hjb_host", "torch:hjb_device"]
+FIXED_POINT_IMPLEMENTATIONS = ["numpy", "numba", "torch:hjb_host", "torch:hjb_device", "torch:hjb_fused"]
 
 
 def _skip_unavailable(implementation: str) -> None:
@@ -53,6 +55,49 @@ class FPSpeedup:
         return scipy_seconds / auto
 
     track_fp_speedup_vs_scipy.unit = "x"
+
+
+class HJBBatch:
+    """Seconds of K backward HJB sweeps at Nx = 401, Nt = 200 (towel_beach, periodic).
+
+    ``torch:fused`` solves the K instances in one Triton launch, inputs and U
+    on the device; ``numba`` one instance after another on one core (there is
+    no batched numba HJB). The instances' potentials and densities are rolled
+    and scaled copies of the preset's. The acceptance bar: the kernel within
+    2x of numba at K = 1, faster from K = 64. docs/scripts/hjb_gpu_bench.py
+    gives the full table.
+    """
+
+    params = (["numba", "torch:fused"], [1, 64])
+    param_names = ("implementation", "K")
+    timeout = 300
+
+    def setup(self, implementation: str, k: int) -> None:
+        from plugins.mfg.specs import HJB_FDM
+
+        _skip_unavailable(implementation)
+        base = HJBProblem(preset="towel_beach", Nx=401, Nt=200)
+        if HJB_FDM.supports(base, implementation):
+            raise NotImplementedError(HJB_FDM.supports(base, implementation))
+        shifts = [(7 * i) % base.Nx for i in range(k)]
+        V = [np.roll(base.potential(), s, axis=1) for s in shifts]
+        M = [np.roll(base.M, -s, axis=1) * (1 + 0.1 * i) for i, s in enumerate(shifts)]
+        if implementation == "numba":
+            from plugins.mfg.hjb.numba_kernel import solve_numba
+
+            problems = [HJBProblem(**base.model_fields(), V_t=v, M=m) for v, m in zip(V, M)]
+            self.run = lambda: [solve_numba(p) for p in problems]
+        else:
+            import torch
+
+            from plugins.mfg.hjb.torch_kernel import sweep_torch_batch
+
+            v, m = (torch.as_tensor(np.stack(a), device="cuda") for a in (V, M))
+            self.run = lambda: (sweep_torch_batch(base, v, m, fused=True), torch.cuda.synchronize())
+        self.run()  # warm-up: JIT, CUDA context, Triton compile
+
+    def time_hjb_batch(self, implementation: str, k: int) -> None:
+        self.run()
 
 
 class FixedPoint:

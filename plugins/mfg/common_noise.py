@@ -111,10 +111,12 @@ def warm_path_kernels() -> None:
         path_task((tiny, "numba"), {}, np.random.SeedSequence(0))
 
 
-def solve_torch(problem: CommonNoiseProblem, *, hjb_device: bool, devices: int | None = None) -> dict[str, np.ndarray]:
+def solve_torch(problem: CommonNoiseProblem, *, hjb_device: bool, devices: int | None = None,
+                fused_hjb: bool = False) -> dict[str, np.ndarray]:
     """All K paths as batches on the GPUs: one FP launch per Picard iteration for every path of a batch.
 
-    The HJB sweeps run batched on the device (``hjb_device``) or path by path
+    The HJB sweeps run batched on the device (``hjb_device``; as torch
+    operations, or as the Triton kernel with ``fused_hjb``) or path by path
     with numba on the host; which is faster depends on the machine and the
     size, so each is an implementation the cost model measures (see
     ``coupling.torch_steps``). U and M cross to the host once per iteration
@@ -136,35 +138,40 @@ def solve_torch(problem: CommonNoiseProblem, *, hjb_device: bool, devices: int |
 
     slices = torch_devices.split_batch(problem.K, max(torch_gpu.gpu_count(devices), 1))
     if len(slices) == 1:
-        paths = solve_paths((problem, hjb_device, slices[0]))
+        paths = solve_paths((problem, hjb_device, slices[0], fused_hjb))
     else:
-        parts = torch_devices.map_devices(solve_paths, [(problem, hjb_device, s) for s in slices],
+        parts = torch_devices.map_devices(solve_paths, [(problem, hjb_device, s, fused_hjb) for s in slices],
                                           torch_devices.visible_devices(len(slices)))
         paths = [path for part in parts for path in part]
     return summarize(problem, paths)
 
 
-def device_bytes_per_path(problem: CommonNoiseProblem, hjb_device: bool) -> float:
+def device_bytes_per_path(problem: CommonNoiseProblem, hjb_device: bool, fused_hjb: bool = False) -> float:
     """GPU memory one path of a batch takes (the batch's peak is linear in its paths; see plugins.mfg.work)."""
     from plugins.mfg import work
 
-    return work.fixed_point_memory(problem, "torch:hjb_device" if hjb_device else "torch:hjb_host")
+    variant = ("torch:hjb_fused" if fused_hjb else "torch:hjb_device") if hjb_device else "torch:hjb_host"
+    return work.fixed_point_memory(problem, variant)
 
 
-def solve_paths(part: tuple[CommonNoiseProblem, bool, range]) -> list[dict[str, np.ndarray]]:
+def solve_paths(part: tuple) -> list[dict[str, np.ndarray]]:
     """Paths ``part[2]`` of the problem on this process's GPU, in sub-batches that fit its free memory.
 
-    Runs in a GPU's own process too (a module-level function of one argument).
+    ``part`` is ``(problem, hjb_device, paths)``, with ``fused_hjb`` as an
+    optional fourth item. Runs in a GPU's own process too (a module-level
+    function of one argument).
     """
     from core.backends import torch_devices, torch_gpu
 
-    problem, hjb_device, paths = part
+    problem, hjb_device, paths = part[:3]
+    fused_hjb = len(part) > 3 and bool(part[3])
     free = torch_gpu.free_for_batches()
-    batches = torch_devices.sub_batches(paths, device_bytes_per_path(problem, hjb_device), free)
-    return [path for batch in batches for path in solve_batch(problem, hjb_device, batch)]
+    batches = torch_devices.sub_batches(paths, device_bytes_per_path(problem, hjb_device, fused_hjb), free)
+    return [path for batch in batches for path in solve_batch(problem, hjb_device, batch, fused_hjb=fused_hjb)]
 
 
-def solve_batch(problem: CommonNoiseProblem, hjb_device: bool, paths: range) -> list[dict[str, np.ndarray]]:
+def solve_batch(problem: CommonNoiseProblem, hjb_device: bool, paths: range, *,
+                fused_hjb: bool = False) -> list[dict[str, np.ndarray]]:
     """Paths ``paths`` (indices into the K) as one batch on this process's GPU.
 
     The paths run together, so each is given an equal share of the batch's
@@ -177,7 +184,7 @@ def solve_batch(problem: CommonNoiseProblem, hjb_device: bool, paths: range) -> 
 
     def hjb_batch(template: HJBProblem, v: np.ndarray, m: np.ndarray):
         if hjb_device:
-            return hjb_torch.solve_torch_batch(template, v, m)
+            return hjb_torch.solve_torch_batch(template, v, m, fused=fused_hjb)
         from plugins.mfg.hjb.numba_kernel import solve_numba as hjb_numba  # numba compiles on import
 
         fields = template.model_fields()

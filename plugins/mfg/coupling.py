@@ -123,20 +123,23 @@ def numba_steps() -> tuple[HJBStep, FPStep]:
     return (lambda p: hjb_numba(p)["U"]), fp
 
 
-def torch_steps(hjb_device: bool) -> tuple[HJBStep, FPStep]:
+def torch_steps(hjb_device: bool, fused_hjb: bool = False) -> tuple[HJBStep, FPStep]:
     """Particles on the GPU; the HJB sweep on the device, or with numba on the host.
 
-    The HJB step is a chain of Nx-long tridiagonal recurrences: on the GPU
-    it is bound by kernel launches, on the host numba runs it in a
+    The HJB step is a chain of Nx-long tridiagonal recurrences: as torch
+    operations on the GPU it is bound by kernel launches, as the Triton
+    kernel (``fused_hjb``) it is one launch bound by each Newton iteration's
+    log2(Nx) dependent stages, and on the host numba runs it in a
     millisecond but U and M cross the bus once per iteration. Which wins
-    depends on the machine and the size, so both are implementations
-    (``torch:hjb_device``, ``torch:hjb_host``) and the cost model measures them.
+    depends on the machine and the size, so each is an implementation
+    (``torch:hjb_device``, ``torch:hjb_fused``, ``torch:hjb_host``) and the
+    cost model measures them.
     """
     def fp(p: FPProblem) -> np.ndarray:
         return fp_torch.solve_torch(p, fused=not fp_torch.fused_unsupported(p))["M"].cpu().numpy()
 
     if hjb_device:
-        return (lambda p: hjb_torch.solve_torch(p)["U"]), fp
+        return (lambda p: hjb_torch.solve_torch(p, fused=fused_hjb)["U"]), fp
     from plugins.mfg.hjb.numba_kernel import solve_numba as hjb_numba  # numba compiles on import
 
     return (lambda p: hjb_numba(p)["U"]), fp
@@ -148,6 +151,7 @@ STEPS: dict[str, Callable[[], tuple[HJBStep, FPStep]]] = {
     "numba": numba_steps,
     "torch:hjb_host": lambda: torch_steps(hjb_device=False),
     "torch:hjb_device": lambda: torch_steps(hjb_device=True),
+    "torch:hjb_fused": lambda: torch_steps(hjb_device=True, fused_hjb=True),
 }
 
 

@@ -18,6 +18,7 @@ from core.solver import SizeSpace, SolverSpec, lazy
 from plugins.mfg import work
 from plugins.mfg.fp.common import all_steps_unsupported
 from plugins.mfg.fp.torch_kernel import fused_unsupported
+from plugins.mfg.hjb.torch_kernel import fused_unsupported as hjb_fused_unsupported
 from plugins.mfg.problem import PRESETS, CommonNoiseProblem, FPProblem, HJBProblem, MFGProblem
 
 # The coupled solvers' convergence tolerances, a decade either side of the defaults (rtol 1e-3, atol 1e-4,
@@ -119,6 +120,13 @@ def hjb_space(quick: bool) -> SizeSpace:
     return SizeSpace(ranges={"Nx": (21, 801), "Nt": (10, 400), **newton}, choices={"preset": list(PRESETS)})
 
 
+def hjb_supports(problem: HJBProblem | MFGProblem, implementation: str) -> str:
+    """The Triton HJB (``torch:fused``, and the coupled solvers' ``torch:hjb_fused``) needs CUDA and Triton."""
+    if implementation in ("torch:fused", "torch:hjb_fused"):
+        return hjb_fused_unsupported(problem)
+    return ""
+
+
 def hjb_summary(problem: HJBProblem, outputs) -> str:
     U = np.asarray(outputs["U"])
     return (f"U(0, x) in [{U[0].min():.3f}, {U[0].max():.3f}], Newton iterations per step <= "
@@ -132,11 +140,13 @@ HJB_FDM = SolverSpec(
         "numpy": lazy("plugins.mfg.hjb.reference", "solve_numpy"),
         "numba": lazy("plugins.mfg.hjb.numba_kernel", "solve_numba"),
         "torch": lazy("plugins.mfg.hjb.torch_kernel", "solve_torch"),
+        "torch:fused": lazy("plugins.mfg.hjb.torch_kernel", "solve_torch", fused=True),
     },
     features=work.hjb_features,
     work_done=work.hjb_work_done,
     size_axis="Nx",
     space=hjb_space,
+    supports=hjb_supports,
     memory=work.hjb_memory,
     default_problem=lambda: HJBProblem(Nx=101, Nt=100),
     default_params=lambda: {"Nx": 101, "Nt": 100},
@@ -177,11 +187,13 @@ FIXED_POINT = SolverSpec(
         "numba": lazy("plugins.mfg.coupling", "solve_fixed_point", steps="numba"),
         "torch:hjb_host": lazy("plugins.mfg.coupling", "solve_fixed_point", steps="torch:hjb_host"),
         "torch:hjb_device": lazy("plugins.mfg.coupling", "solve_fixed_point", steps="torch:hjb_device"),
+        "torch:hjb_fused": lazy("plugins.mfg.coupling", "solve_fixed_point", steps="torch:hjb_fused"),
     },
     features=work.fixed_point_features,
     work_done=work.fixed_point_work_done,
     size_axis="N",
     space=fixed_point_space,
+    supports=hjb_supports,
     memory=work.fixed_point_memory,
     default_problem=lambda: MFGProblem(N=20_000),
     default_params=lambda: {"N": 20_000},
@@ -227,6 +239,7 @@ COMMON_NOISE = SolverSpec(
         "numba": lazy("plugins.mfg.common_noise", "solve_serial", steps="numba"),
         "torch:hjb_host": lazy("plugins.mfg.common_noise", "solve_torch", hjb_device=False),
         "torch:hjb_device": lazy("plugins.mfg.common_noise", "solve_torch", hjb_device=True),
+        "torch:hjb_fused": lazy("plugins.mfg.common_noise", "solve_torch", hjb_device=True, fused_hjb=True),
     },
     parallel=lazy("plugins.mfg.common_noise", "solve_parallel"),
     parallel_tasks=lambda problem: float(problem.K),
@@ -235,6 +248,7 @@ COMMON_NOISE = SolverSpec(
     work_done=work.common_noise_work_done,
     size_axis="K",
     space=common_noise_space,
+    supports=hjb_supports,
     memory=work.common_noise_memory,
     default_problem=lambda: CommonNoiseProblem(preset="lq", K=8, N=5_000),
     default_params=lambda: {"preset": "lq", "K": 8, "N": 5_000},

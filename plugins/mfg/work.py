@@ -43,6 +43,7 @@ import numpy as np
 from plugins.mfg import kde
 from plugins.mfg.fp.common import all_steps_unsupported
 from plugins.mfg.fp.layout import all_steps_bytes, slotted_histogram_bytes
+from plugins.mfg.hjb.layout import fused_bytes
 from plugins.mfg.problem import CommonNoiseProblem, HJBProblem, MFGModel, MFGProblem
 
 # -- features --------------------------------------------------------------------------
@@ -234,9 +235,13 @@ def hjb_memory(problem: MFGModel, implementation: str) -> float:
     """The inputs and output on the space-time grid (M, V, f(M), U), plus per-step work arrays.
 
     torch also holds the per-iteration temporaries of the batched Thomas
-    sweep; numpy and numba about a dozen vectors of Nx per step.
+    sweep; numpy and numba about a dozen vectors of Nx per step. The Triton
+    kernel holds V and M, the source, U and one program's scratch
+    (:func:`plugins.mfg.hjb.layout.fused_bytes`).
     """
     per_step = 8.0 * problem.Nx
+    if implementation == "torch:fused":
+        return 2 * _grid_bytes(problem) + fused_bytes(problem.Nx, problem.Nt, 1)
     return 4 * _grid_bytes(problem) + (40 if implementation.startswith("torch") else 20) * per_step
 
 
@@ -250,11 +255,14 @@ def _coupled_fp_variant(problem: MFGModel, implementation: str) -> str:
     return f"{device}:fused"
 
 
+# the mfg.hjb_fdm implementation each coupled GPU variant runs on the device; every other runs numba's
+COUPLED_HJB = {"torch:hjb_device": "torch", "torch:hjb_fused": "torch:fused"}
+
+
 def fixed_point_memory(problem: MFGModel, implementation: str) -> float:
     """One FP and one HJB solve, plus the iterates U and M and their damped updates."""
     fp = fp_memory(problem, _coupled_fp_variant(problem, implementation))
-    hjb_device = implementation == "torch:hjb_device"
-    hjb = hjb_memory(problem, "torch" if hjb_device else "numba")
+    hjb = hjb_memory(problem, COUPLED_HJB.get(implementation, "numba"))
     return fp + hjb + 8 * _grid_bytes(problem)
 
 

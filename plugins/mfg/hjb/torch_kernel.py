@@ -12,16 +12,25 @@ scheme (V and M at level n, implicit), same Godunov Hamiltonian and
 Jacobian, same Newton stopping rule, applied per instance: an instance whose
 update fell below ``newton_tol`` is frozen while the others iterate on.
 
+``fused=True`` runs the same sweep as one Triton kernel launch instead
+(:mod:`plugins.mfg.hjb.triton_kernel`, one program per instance, the
+tridiagonal solves by parallel cyclic reduction); the source ``V + f(M)``
+is formed here either way. It needs CUDA and Triton
+(:func:`fused_unsupported` says why not).
+
 torch is imported inside the functions: this module imports without it.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import numpy as np
 
 from core.backends.torch_gpu import device as gpu_device
 from core.errors import BackendUnavailableError
 from core.validation import check_array, fail
+from plugins.mfg.hjb import layout
 from plugins.mfg.hjb.reference import residual_and_jacobian
 from plugins.mfg.problem import LOG_FLOOR, HJBProblem
 
@@ -103,23 +112,59 @@ def _as_batch(torch, field: str, value, problem: HJBProblem, dev, *, nonnegative
     return torch.tensor(array, dtype=torch.float64, device=dev)  # a copy: the validated array is read-only
 
 
-def sweep_torch_batch(problem: HJBProblem, V_batch, M_batch, device=None):
-    """``(U, newton_iterations, converged)`` as tensors: (K, Nt+1, Nx), (K, Nt), (K, Nt)."""
+def fused_unsupported(problem: HJBProblem) -> str:
+    """Why the Triton kernel (``fused=True``) cannot solve ``problem`` here ("" when it can).
+
+    The row length is checked first, then Triton, and CUDA last: only that
+    step imports torch.
+    """
+    reason = layout.too_long(problem.Nx)
+    if reason:
+        return reason
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not installed"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "the Triton HJB kernel needs a CUDA device"
+    return ""
+
+
+def sweep_torch_batch(problem: HJBProblem, V_batch, M_batch, device=None, *, fused: bool = False):
+    """``(U, newton_iterations, converged)`` as tensors: (K, Nt+1, Nx), (K, Nt), (K, Nt).
+
+    ``fused`` runs the Triton kernel, else the row-by-row torch sweep.
+    """
     import torch
 
     if device is None:
         device = gpu_device()
     if torch.device(device).type == "mps":
         raise BackendUnavailableError("mfg.hjb_fdm needs float64, which MPS does not have: use numpy or numba")
+    if fused:
+        reason = fused_unsupported(problem) or ("" if torch.device(device).type == "cuda"
+                                                else f"the Triton HJB kernel needs a CUDA device, not {device}")
+        if reason:
+            raise ValueError(f"the Triton HJB cannot run this problem: {reason}")
     V = _as_batch(torch, "V_batch", V_batch, problem, device, nonnegative=False)
     M = _as_batch(torch, "M_batch", M_batch, problem, device, nonnegative=True)
     if V.shape[0] != M.shape[0]:
         raise fail("M_batch", M_batch, f"must have as many instances as V_batch ({V.shape[0]}), got {M.shape[0]}")
-    K, nt, nx = V.shape[0], problem.Nt, problem.Nx
+    source = V + _congestion_cost(torch, problem, M)
+    if fused:
+        from plugins.mfg.hjb.triton_kernel import sweep_fused  # Triton only loads where this variant runs
+
+        return sweep_fused(problem, source)
+    return _sweep_rows(torch, problem, source)
+
+
+def _sweep_rows(torch, problem: HJBProblem, source):
+    """The torch sweep: every Newton iteration a Thomas sweep of Nx rows, each row a few kernels over K."""
+    device = source.device
+    K, nt, nx = source.shape[0], problem.Nt, problem.Nx
     periodic = problem.boundary == "periodic"
     linear_solve = _cyclic_thomas if periodic else _thomas
     dt, dx, nu, lam = problem.dt, problem.dx, problem.nu, problem.lam
-    source = V + _congestion_cost(torch, problem, M)
     U = torch.empty((K, nt + 1, nx), dtype=torch.float64, device=device)
     U[:, nt] = torch.tensor(problem.g, dtype=torch.float64, device=device)
     iterations = torch.zeros((K, nt), dtype=torch.int64, device=device)
@@ -144,19 +189,21 @@ def sweep_torch_batch(problem: HJBProblem, V_batch, M_batch, device=None):
     return U, iterations, converged
 
 
-def solve_torch_batch(problem: HJBProblem, V_batch, M_batch, device=None):
+def solve_torch_batch(problem: HJBProblem, V_batch, M_batch, device=None, *, fused: bool = False):
     """U of K instances, a float64 tensor (K, Nt+1, Nx) on ``device`` (default: the GPU).
 
     ``V_batch`` and ``M_batch`` are (K, Nt+1, Nx) arrays or tensors; ``g``,
     the grid and the scalars come from ``problem`` (its own V and M are not
     used). Pass ``device=torch.device("cpu")`` to run the same code on CPU
-    torch, e.g. to check it where there is no GPU.
+    torch, e.g. to check it where there is no GPU. ``fused`` takes the
+    Triton kernel (CUDA only).
     """
-    return sweep_torch_batch(problem, V_batch, M_batch, device)[0]
+    return sweep_torch_batch(problem, V_batch, M_batch, device, fused=fused)[0]
 
 
-def solve_torch(problem: HJBProblem, device=None) -> dict[str, np.ndarray]:
+def solve_torch(problem: HJBProblem, device=None, *, fused: bool = False) -> dict[str, np.ndarray]:
     """The problem as a batch of one; the same outputs as the numpy reference."""
-    U, iterations, converged = sweep_torch_batch(problem, problem.potential()[None], problem.M[None], device)
+    U, iterations, converged = sweep_torch_batch(problem, problem.potential()[None], problem.M[None], device,
+                                                 fused=fused)
     return {"U": U[0].cpu().numpy(), "newton_iterations": iterations[0].cpu().numpy(),
             "converged": converged[0].cpu().numpy()}
