@@ -233,6 +233,9 @@ def primer(spec: Any, quick: bool) -> Any:
     return design[0] if design else None
 
 
+WARM_LOOPS = 10  # core.solve loops run on the primer before the held-out ones (warm_the_process)
+
+
 def warm_the_process(spec: Any, quick: bool) -> set[str]:
     """Pay this process's one-offs (JIT caches, pool and CUDA starts) on the design's cheapest problem.
 
@@ -243,6 +246,15 @@ def warm_the_process(spec: Any, quick: bool) -> set[str]:
     the fits of its models (6-9 ms on the VM, which every later fresh
     planner over the same calibration reuses). Shapes never run here stay
     unpaid: a compile per shape is the loop's to pay.
+
+    It also runs :data:`WARM_LOOPS` loops of ``core.solve`` on the problem,
+    choosing and naming, each on a fresh planner: CPython (3.11 on) runs a
+    function's bytecode unspecialised until it has run 8 times (PEP 659),
+    and the choosing path's first-call code (a new problem's view, its
+    decision) runs once per new problem. Without them the first two
+    held-out loops paid it: HJB first calls 250-270 us over their kernels
+    against 150 for the later ones on the VM, while the calls naming the
+    best, run after every loop, found their code warm.
     """
     problem = primer(spec, quick)
     if problem is None:
@@ -253,6 +265,9 @@ def warm_the_process(spec: Any, quick: bool) -> set[str]:
     for key in keys:
         current().start_backend(get_registry().backends[backend_of(key)])
     settle(spec, keys, problem)
+    for _ in range(WARM_LOOPS):  # core.solve's own paths, as a user's process has run them before
+        decision, _, _ = run_loop(spec, problem, 3)
+        run_loop(spec, problem, 3, backend=decision.backend, planning="estimate")
     return set(keys)
 
 
