@@ -100,7 +100,7 @@ PLANNING = ("estimate", "race", "measure")
 
 
 def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[str, float],
-         sampling: bool = False, first_touch: bool = False) -> tuple[dict, float, bool]:
+         sampling: bool = False, first_touch: bool = False, model: float | None = None) -> tuple[dict, float, bool]:
     """Run once, paying the backend's start first, and observe the timing. Returns (outputs, seconds, cold).
 
     A run is *cold* when it owed a one-off: this process had not yet run the
@@ -125,6 +125,9 @@ def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[s
 
     A run that overlapped a background warm-up (:func:`~core.costmodel.warmup.tier_up`)
     is kept apart as cold too: the warm-up shared its cores.
+
+    A warm run is also one of the process's loop runs against ``model``,
+    the plan's model-alone prediction for it (Planner.loop_factor).
     """
     planner = current()
     planner.start_backend(get_registry().backends[backend_of(implementation)])
@@ -146,6 +149,8 @@ def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[s
     # a confirming run and moved the loop
     contended = overlapped or warming()
     planner.observe(spec, implementation, problem, sample, outputs, cold or contended, nominal, first_touch)
+    if not (cold or contended or first_touch):
+        planner.note_loop_run(spec.name, implementation, sample, model)
     if first and not contended and (fitted := planner.model(spec, implementation)) is not None:
         # a first call's excess over the steady-state model is this process's one-off cost,
         # when the model can be trusted here (an extrapolation would blame its own error)
@@ -204,13 +209,25 @@ def _owed(decision: Plan) -> dict[str, float]:
 def _estimated(decision: Plan, race: Any = None) -> dict[str, Any]:
     """Each contender's band as the loop weighs it: its one-off still owed spread over the expected calls, and
     (with the ``race``) in this loop's conditions (race.in_the_loops_conditions)."""
-    bands = {key: band_of(p.seconds + p.one_off_seconds / decision.expected_calls, p.error or 0.0, p.samples)
+    bands = {key: band_of(_loop_seconds(decision, key, p) + p.one_off_seconds / decision.expected_calls,
+                          p.error or 0.0, p.samples)
              for key, p in _contenders(decision).items()}
     return bands if race is None else _in_conditions(bands, decision, race)
 
 
+def _loop_seconds(decision: Plan, key: str, prediction: Any) -> float:
+    """A contender's estimate as this process's loops run it: a model alone scaled by its implementation's
+    factor (Planner.loop_factor); an estimate with runs here combined them with the model so scaled already."""
+    if prediction.samples:
+        return prediction.seconds
+    return prediction.seconds * current().loop_factor(decision.solver, key)
+
+
 def _in_conditions(bands: dict[str, Any], decision: Plan, race: Any) -> dict[str, Any]:
-    models = {key: p.model_seconds for key, p in decision.predictions.items()}
+    # the leader's runs over its model as this process's loops run it: what this loop adds to the usual
+    planner = current()
+    models = {key: p.model_seconds * planner.loop_factor(decision.solver, key) if p.model_seconds else p.model_seconds
+              for key, p in decision.predictions.items()}
     return in_the_loops_conditions(bands, models, race, backend_of)
 
 
@@ -253,12 +270,12 @@ def _worth_confirming(decision: Plan, race: Any, used: str) -> bool:
         return False
     if len(race.warm.get(used, [])) != 1:  # no lone warm run to confirm (a first call's is no warm run)
         return False
-    others = {key: band_of(p.seconds, p.error or 0.0, p.samples) for key, p in _contenders(decision).items()
-              if key != used}
+    others = {key: band_of(_loop_seconds(decision, key, p), p.error or 0.0, p.samples)
+              for key, p in _contenders(decision).items() if key != used}
     # siblings in the conditions this run met: a sibling's bare model below a run slowed by the loop's
     # conditions decides nothing (race.in_the_loops_conditions)
     others = _in_conditions(others, decision, race)
-    return worth_confirming((model.seconds, model.error or 0.0), race.warm.get(used, []), others)
+    return worth_confirming((_loop_seconds(decision, used, model), model.error or 0.0), race.warm.get(used, []), others)
 
 
 @accepts_planner
@@ -328,12 +345,14 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
         race.leader = used
     # a sample worth repeating a short run for: the loop is still deciding, and has few runs of this one
     sampling = planning != "estimate" and step.contested and len(race.warm.get(used, [])) < SPREAD_AFTER
-    outputs, seconds, cold = _run(spec, used, problem, nominal, sampling, first_touch)
+    predicted = decision.predictions.get(used)
+    model = predicted.model_seconds if predicted is not None else None
+    outputs, seconds, cold = _run(spec, used, problem, nominal, sampling, first_touch, model)
     confirmed = None
     # a trial is not run again: one that ran slow hands the next call back to the leader anyway
     if planning != "estimate" and not cold and not step.explore and _worth_confirming(decision, race, used):
         # its outputs are the same: the timing is what counts
-        confirmed = _run(spec, used, problem, nominal, sampling)[1]
+        confirmed = _run(spec, used, problem, nominal, sampling, model=model)[1]
     if racing and settled is None:
         settling = settles(step, race) and not cold and confirmed is None
         # nothing learnt, and the next call would not try anything either (race.first_trial); with no warm run
@@ -342,7 +361,6 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
                     and not (step.contested and _next(spec, decision, race, expected_calls, estimated).explore))
         race.settled = (_settling(settled_key, step, decision, race, unlearnt, estimated if unlearnt else None)
                         if settling or unlearnt else None)
-    predicted = decision.predictions.get(used)
     return Result(solver=spec.name, backend=used, seconds=seconds, outputs=outputs, plan=decision,
                   diagnostics={"problem": type(problem).__name__, "first_call": cold,
                                "step": step.reason + (f"; ran again to confirm its {seconds:.3g} s: {confirmed:.3g} s"

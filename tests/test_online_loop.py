@@ -480,6 +480,48 @@ def _cold_first(spec_name, fast_seen):
                  compile_key=lambda p, key: (p.n, p.m) if key == "device" else ())
 
 
+def _slow_loops(name):
+    # both run their loops' calls at twice what calibration measured (a loop's cold caches, on the H200 host)
+    (spec,) = _install(_spec(name, {"serial": _sleeper(8e-3), "device": _sleeper(12e-3)}))
+    _calibrate(spec, "serial", lambda p: 4e-3, GRID)
+    _calibrate(spec, "device", lambda p: 6e-3, GRID)
+    return spec
+
+
+def _loop_of_three(spec, n):
+    # on a planner holding only the calibration (as evaluate's loops): no solve history refits the models
+    with use(Planner.from_calibration(current())):
+        return [core.solve(GridProblem(n, 10), solver=spec.name, expected_calls=math.inf) for _ in range(3)]
+
+
+def test_a_loop_weighs_each_model_as_this_process_s_loops_run_it(clean):
+    """Every implementation running its loops at twice its model is no news to the loop once the process has
+    seen it (a fact of the process: each loop here on a fresh planner): its first warm run lies in its band,
+    so it is neither run again to confirm nor left for a contender known only by its model (which would run
+    at twice its model too)."""
+    spec = _slow_loops("synthetic.loop_conditions")
+    first = _loop_of_three(spec, 2_000)
+    assert "ran again to confirm" in first[1].diagnostics["step"]  # 8 ms on a 4 ms model, 6 ms below it
+    for n in (3_000, 4_000):
+        _loop_of_three(spec, n)
+    assert current().loop_factor(spec.name, "serial") == pytest.approx(2.0, rel=0.25)
+    later = _loop_of_three(spec, 5_000)
+    assert [r.backend for r in later] == ["serial"] * 3
+    assert not any("ran again to confirm" in r.diagnostics["step"] for r in later), [r.diagnostics for r in later]
+
+
+def test_the_loop_factor_needs_a_few_warm_runs_and_stays_within_bounds(clean):
+    planner = current()
+    for ratio in (3.0, 3.0):
+        planner.note_loop_run("s", "k", ratio, 1.0)
+    assert planner.loop_factor("s", "k") == 1.0  # two runs: not yet known
+    for ratio in (9.0, 9.0, 9.0):
+        planner.note_loop_run("s", "k", ratio, 1.0)
+    assert planner.loop_factor("s", "k") == planning.LOOP_FACTOR_RANGE[1]
+    planner.note_loop_run("s", "other", 1.0, None)  # no model: nothing learnt
+    assert "other" not in {key for _, key in planner.process.loop_runs}
+
+
 def test_a_first_call_that_compiles_for_its_shape_does_not_lose_the_race(clean):
     seen: set = set()
     (spec,) = _install(_cold_first("synthetic.cold", seen))
