@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from core import SolverSpec, hookimpl
-from core.backends.numba_threads import pool_size
 from core.solver import SizeSpace, lazy
 from plugins.spectra import work
 from plugins.spectra.model import Spectra
@@ -42,18 +41,9 @@ def _space(quick: bool) -> SizeSpace:
     numpy reference fits one spectrum at a time: 8 spectra x 5 iterations
     take about a second there, and degree 5 about twice degree 3); full goes
     to 4,096 spectra and the realistic grid.
-
-    Quick reaches twice the host's threads: numba:threads gives each thread
-    a spectrum, so below the thread count its busiest thread's share (the
-    span) moves in lock-step with the batch, and the fit cannot tell what
-    the batch costs from what one spectrum does. On the 16-core H200 host,
-    fitted up to 8 spectra, the models put 16 spectra at 2.9x their time
-    (numba:threads and the GPU alike, whose batch of 16 costs little more
-    than one of 8).
     """
     if quick:
-        top = max(8, 2 * pool_size())
-        return SizeSpace(ranges={"n_spectra": (1, top), "n_pixels": (500, FULL_PIXELS), "max_iter": (1, 5),
+        return SizeSpace(ranges={"n_spectra": (1, 8), "n_pixels": (500, FULL_PIXELS), "max_iter": (1, 5),
                                  "tol": (1e-9, 1e-5), "degree": (2, 5)},
                          choices={"grid": ["small", "medium"]})
     return SizeSpace(ranges={"n_spectra": (1, 4_096), "n_pixels": (1_000, FULL_PIXELS), "max_iter": (2, 40),
