@@ -520,6 +520,10 @@ def test_the_loop_factor_needs_a_few_warm_runs_and_stays_within_bounds(clean):
     assert planner.loop_factor("s", "k") == planning.LOOP_FACTOR_RANGE[1]
     planner.note_loop_run("s", "other", 1.0, None)  # no model: nothing learnt
     assert "other" not in {key for _, key in planner.process.loop_runs}
+    for _ in range(3):
+        planner.note_loop_run("s", "numba:a", 2.0, 1.0)
+    # a sibling never run in a loop runs in its family's conditions; another backend's are its own
+    assert planner.loop_factor("s", "numba:b") == 2.0 and planner.loop_factor("s", "torch") == 1.0
 
 
 def test_a_first_call_that_compiles_for_its_shape_does_not_lose_the_race(clean):

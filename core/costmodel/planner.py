@@ -546,11 +546,23 @@ class Planner:
         numba:threads, 0.20 ms; torch:graph, captured for the new size at
         2.9 ms, then 0.22 ms). The median of the latest warm runs in loops
         over their models, per implementation, is the loop's view of each
-        model (:func:`core.api._loop_band`); predictions stay the models'.
+        model (:func:`core.api._loop_seconds`); predictions stay the models'.
+
+        An implementation not yet run warm in a loop takes its family's (its
+        backend's other implementations'), as a loop scales a leader's
+        siblings by its runs (:func:`~core.costmodel.race.in_the_loops_conditions`):
+        with the leader's factor known and a sibling's taken as 1, the
+        sibling looked faster than every run of the leader and a settled
+        loop planned in full on every call.
         """
         kept = self.process.loop_runs.get((solver, implementation))
         if not kept or len(kept) < LOOP_RUNS_NEEDED:
-            return 1.0
+            family = backend_of(implementation)
+            kept = [ratio for (name, key), runs in list(self.process.loop_runs.items())
+                    if name == solver and len(runs) >= LOOP_RUNS_NEEDED and backend_of(key) == family
+                    for ratio in runs]
+            if not kept:
+                return 1.0
         low, high = LOOP_FACTOR_RANGE
         return min(high, max(low, _median(kept)))
 
