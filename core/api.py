@@ -209,25 +209,13 @@ def _owed(decision: Plan) -> dict[str, float]:
 def _estimated(decision: Plan, race: Any = None) -> dict[str, Any]:
     """Each contender's band as the loop weighs it: its one-off still owed spread over the expected calls, and
     (with the ``race``) in this loop's conditions (race.in_the_loops_conditions)."""
-    bands = {key: band_of(_loop_seconds(decision, key, p) + p.one_off_seconds / decision.expected_calls,
-                          p.error or 0.0, p.samples)
+    bands = {key: band_of(p.seconds + p.one_off_seconds / decision.expected_calls, p.error or 0.0, p.samples)
              for key, p in _contenders(decision).items()}
     return bands if race is None else _in_conditions(bands, decision, race)
 
 
-def _loop_seconds(decision: Plan, key: str, prediction: Any) -> float:
-    """A contender's estimate as this process's loops run it: a model alone scaled by its implementation's
-    factor (Planner.loop_factor); an estimate with runs here combined them with the model so scaled already."""
-    if prediction.samples:
-        return prediction.seconds
-    return prediction.seconds * current().loop_factor(decision.solver, key)
-
-
 def _in_conditions(bands: dict[str, Any], decision: Plan, race: Any) -> dict[str, Any]:
-    # the leader's runs over its model as this process's loops run it: what this loop adds to the usual
-    planner = current()
-    models = {key: p.model_seconds * planner.loop_factor(decision.solver, key) if p.model_seconds else p.model_seconds
-              for key, p in decision.predictions.items()}
+    models = {key: p.model_seconds for key, p in decision.predictions.items()}
     return in_the_loops_conditions(bands, models, race, backend_of)
 
 
@@ -270,12 +258,12 @@ def _worth_confirming(decision: Plan, race: Any, used: str) -> bool:
         return False
     if len(race.warm.get(used, [])) != 1:  # no lone warm run to confirm (a first call's is no warm run)
         return False
-    others = {key: band_of(_loop_seconds(decision, key, p), p.error or 0.0, p.samples)
-              for key, p in _contenders(decision).items() if key != used}
+    others = {key: band_of(p.seconds, p.error or 0.0, p.samples) for key, p in _contenders(decision).items()
+              if key != used}
     # siblings in the conditions this run met: a sibling's bare model below a run slowed by the loop's
     # conditions decides nothing (race.in_the_loops_conditions)
     others = _in_conditions(others, decision, race)
-    return worth_confirming((_loop_seconds(decision, used, model), model.error or 0.0), race.warm.get(used, []), others)
+    return worth_confirming((model.seconds, model.error or 0.0), race.warm.get(used, []), others)
 
 
 @accepts_planner

@@ -400,6 +400,15 @@ def test_siblings_known_only_by_their_models_run_in_the_loops_conditions():
     trial.add("numba:fused", 7.2, cold=False)
     estimated["numba:steps"] = race_rule.Band(2.2, 1.8, 2.6, 0)
     assert race_rule.in_the_loops_conditions(estimated, models, trial, family) == estimated
+    # one that ran under its model shows the family's conditions (a hiccup never speeds a run): the incumbent,
+    # known only by its model, is scaled down with it; another backend is not
+    fast = _race(calls=2)
+    fast.leader = "numba:steps"
+    fast.add("numba:fused", 1.6, cold=False)
+    estimated["numba:fused"] = race_rule.Band(1.7, 1.5, 2.0, 1)
+    scaled = race_rule.in_the_loops_conditions(estimated, models, fast, family)
+    assert scaled["numba:steps"].centre == pytest.approx(2.2 * 0.8)
+    assert scaled["numba:fused"] == estimated["numba:fused"] and scaled["torch"] == estimated["torch"]
 
 
 def test_an_unlearnt_step_weighs_its_siblings_in_the_conditions_its_runs_met():

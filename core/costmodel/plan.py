@@ -130,14 +130,13 @@ def _model_prediction(spec: SolverSpec, problem: Any, key: str,
     return Prediction(seconds, status, 0.0, error, 0, seconds), fitted
 
 
-def _with_runs(model: Prediction, warm: Sequence[float], one_off: float, loop_factor: float = 1.0) -> Prediction:
-    """The model's prediction with this process's unpaid one-off, and with warm runs of this problem if any
-    (weighed against the model as this process's loops run it: ``loop_factor``, Planner.loop_factor)."""
+def _with_runs(model: Prediction, warm: Sequence[float], one_off: float) -> Prediction:
+    """The model's prediction with this process's unpaid one-off, and with warm runs of this problem if any."""
     if not warm:  # the model's own where nothing is owed (a Prediction is immutable): each costs a plan 1-2 us
         return model if one_off == model.one_off_seconds else Prediction(
             model.seconds, model.status, one_off, model.error, model.samples, model.seconds)
     # the model and the runs together (core.costmodel.race)
-    guess = (max(model.seconds * loop_factor, 1e-12), model.error) if model.seconds is not None else None
+    guess = (max(model.seconds, 1e-12), model.error) if model.seconds is not None else None
     band = estimate(guess, list(warm))
     if not band.samples and model.seconds is not None:  # the runs set aside (race.estimate): the model's alone
         return Prediction(model.seconds, model.status, one_off, model.error, 0, model.seconds)
@@ -232,9 +231,7 @@ def plan(problem: Any, *, solver: str | None = None, expected_calls: float | Non
     candidates: dict[str, _Candidate] = {}
     for key, model in view.predictions.items():
         one_off = planner.one_off(spec, key, problem)
-        warm = race.warm.get(key, []) if race else []
-        prediction = predictions[key] = _with_runs(model, warm, one_off,
-                                                   planner.loop_factor(spec.name, key) if warm else 1.0)
+        prediction = predictions[key] = _with_runs(model, race.warm.get(key, []) if race else [], one_off)
         why = exclusion(spec, problem, key, view.free_memory)
         if not why and prediction.seconds is None:
             why = "uncalibrated on this machine (run `crossover calibrate`)"
