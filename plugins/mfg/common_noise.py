@@ -13,6 +13,7 @@ and the Monte Carlo standard error of the mean, ``std / sqrt(K)``.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ import numpy as np
 
 from core import tasks
 from core.backends import numba_threads
-from plugins.mfg.coupling import STEPS, picard, picard_batch
+from plugins.mfg.coupling import STEPS, picard, picard_batch, picard_batch_device
 from plugins.mfg.fp import layout
 from plugins.mfg.fp import torch_kernel as fp_torch
 from plugins.mfg.hjb import torch_kernel as hjb_torch
@@ -41,11 +42,18 @@ def ou_path(problem: CommonNoiseProblem, seed: np.random.SeedSequence | None) ->
 
 
 def shifted_potential(problem: MFGProblem, theta: np.ndarray) -> np.ndarray:
-    """V(x - theta(t)) on the space-time grid: wrapped when periodic, clamped at walls."""
+    """V(x - theta(t)) on the space-time grid: wrapped when periodic, clamped at walls.
+
+    ``theta`` may carry leading path axes, (..., Nt+1): one ``np.interp``
+    call then serves every path (interpolation is pointwise, so the values
+    are those of one call per time step), which a batch of a thousand paths
+    needs to stay off the clock's critical path.
+    """
     x = problem.x
+    points = x - np.asarray(theta)[..., None]
     if problem.boundary == "periodic":
-        return np.stack([np.interp(x - shift, x, problem.V, period=problem.length) for shift in theta])
-    return np.stack([np.interp(np.clip(x - shift, problem.xmin, problem.xmax), x, problem.V) for shift in theta])
+        return np.interp(points.ravel(), x, problem.V, period=problem.length).reshape(points.shape)
+    return np.interp(np.clip(points, problem.xmin, problem.xmax).ravel(), x, problem.V).reshape(points.shape)
 
 
 def conditional_problem(problem: CommonNoiseProblem) -> MFGProblem:
@@ -112,7 +120,7 @@ def warm_path_kernels() -> None:
 
 
 def solve_torch(problem: CommonNoiseProblem, *, hjb_device: bool, devices: int | None = None,
-                fused_hjb: bool = False) -> dict[str, np.ndarray]:
+                fused_hjb: bool = False, resident: bool = False) -> dict[str, np.ndarray]:
     """All K paths as batches on the GPUs: one FP launch per Picard iteration for every path of a batch.
 
     The HJB sweeps run batched on the device (``hjb_device``; as torch
@@ -121,7 +129,9 @@ def solve_torch(problem: CommonNoiseProblem, *, hjb_device: bool, devices: int |
     size, so each is an implementation the cost model measures (see
     ``coupling.torch_steps``). U and M cross to the host once per iteration
     for the damping and the convergence test (K x (Nt+1) x Nx numbers, never
-    particles).
+    particles), except with ``resident``: the Triton HJB and FP kernels and
+    the whole fixed point on the device (``coupling.picard_batch_device``),
+    U and M copied out once, at the end (``torch:resident``).
 
     With several GPUs (every visible one, at most ``devices`` or
     ``CROSSOVER_GPUS``) the paths split into contiguous slices, one per GPU,
@@ -138,36 +148,46 @@ def solve_torch(problem: CommonNoiseProblem, *, hjb_device: bool, devices: int |
 
     slices = torch_devices.split_batch(problem.K, max(torch_gpu.gpu_count(devices), 1))
     if len(slices) == 1:
-        paths = solve_paths((problem, hjb_device, slices[0], fused_hjb))
+        paths = solve_paths((problem, hjb_device, slices[0], fused_hjb, resident))
     else:
-        parts = torch_devices.map_devices(solve_paths, [(problem, hjb_device, s, fused_hjb) for s in slices],
+        parts = torch_devices.map_devices(solve_paths, [(problem, hjb_device, s, fused_hjb, resident) for s in slices],
                                           torch_devices.visible_devices(len(slices)))
         paths = [path for part in parts for path in part]
     return summarize(problem, paths)
 
 
-def device_bytes_per_path(problem: CommonNoiseProblem, hjb_device: bool, fused_hjb: bool = False) -> float:
+def device_bytes_per_path(problem: CommonNoiseProblem, hjb_device: bool, fused_hjb: bool = False,
+                          resident: bool = False) -> float:
     """GPU memory one path of a batch takes (the batch's peak is linear in its paths; see plugins.mfg.work)."""
     from plugins.mfg import work
 
-    variant = ("torch:hjb_fused" if fused_hjb else "torch:hjb_device") if hjb_device else "torch:hjb_host"
-    return work.fixed_point_memory(problem, variant)
+    return work.fixed_point_memory(problem, torch_variant(hjb_device, fused_hjb, resident))
+
+
+def torch_variant(hjb_device: bool, fused_hjb: bool = False, resident: bool = False) -> str:
+    """The implementation key of :func:`solve_torch`'s flags."""
+    if resident:
+        return "torch:resident"
+    return ("torch:hjb_fused" if fused_hjb else "torch:hjb_device") if hjb_device else "torch:hjb_host"
 
 
 def solve_paths(part: tuple) -> list[dict[str, np.ndarray]]:
     """Paths ``part[2]`` of the problem on this process's GPU, in sub-batches that fit its free memory.
 
-    ``part`` is ``(problem, hjb_device, paths)``, with ``fused_hjb`` as an
-    optional fourth item. Runs in a GPU's own process too (a module-level
-    function of one argument).
+    ``part`` is ``(problem, hjb_device, paths)``, with ``fused_hjb`` and
+    ``resident`` as optional fourth and fifth items. Runs in a GPU's own
+    process too (a module-level function of one argument).
     """
     from core.backends import torch_devices, torch_gpu
 
     problem, hjb_device, paths = part[:3]
     fused_hjb = len(part) > 3 and bool(part[3])
+    resident = len(part) > 4 and bool(part[4])
     free = torch_gpu.free_for_batches()
-    batches = torch_devices.sub_batches(paths, device_bytes_per_path(problem, hjb_device, fused_hjb), free)
-    return [path for batch in batches for path in solve_batch(problem, hjb_device, batch, fused_hjb=fused_hjb)]
+    per_path = device_bytes_per_path(problem, hjb_device, fused_hjb, resident)
+    batches = torch_devices.sub_batches(paths, per_path, free)
+    solve = solve_batch_resident if resident else functools.partial(solve_batch, fused_hjb=fused_hjb)
+    return [path for batch in batches for path in solve(problem, hjb_device, batch)]
 
 
 def solve_batch(problem: CommonNoiseProblem, hjb_device: bool, paths: range, *,
@@ -190,16 +210,53 @@ def solve_batch(problem: CommonNoiseProblem, hjb_device: bool, paths: range, *,
         fields = template.model_fields()
         return torch.as_tensor(np.stack([hjb_numba(HJBProblem(**fields, M=mk, V_t=vk))["U"] for vk, mk in zip(v, m)]))
 
-    seeds = tasks.task_seeds(problem.seed, problem.K)
-    thetas = [ou_path(problem, seeds[k]) for k in paths]
-    V = np.stack([shifted_potential(problem, theta) for theta in thetas])
+    thetas = batch_paths(problem, paths)
+    V = shifted_potential(problem, thetas)
     conditional = conditional_problem(problem)
     hjb_template = HJBProblem(**conditional.model_fields())
     fp_template = FPProblem(**conditional.model_fields())
     fused = not fp_torch.fused_unsupported(fp_template)  # the all-steps kernel wherever the KDE allows it
     out = picard_batch(conditional, lambda v, m: hjb_batch(hjb_template, v, m).cpu().numpy(),
                        lambda u: fp_torch.solve_torch_batch(fp_template, u, fused=fused).cpu().numpy(), V)
+    return batch_results(out, thetas, started)
+
+
+def batch_paths(problem: CommonNoiseProblem, paths: range) -> np.ndarray:
+    """theta of paths ``paths`` (indices into the K), (len(paths), Nt+1): path k from the k-th child seed."""
+    seeds = tasks.task_seeds(problem.seed, problem.K)
+    return np.stack([ou_path(problem, seeds[k]) for k in paths])
+
+
+def batch_results(out: Mapping[str, np.ndarray], thetas: np.ndarray, started: float) -> list[dict[str, np.ndarray]]:
+    """One result per path of a batch, each given an equal share of the batch's wall time since ``started``."""
     share = (time.perf_counter() - started) / len(thetas)
     return [{"U": out["U"][i], "M": out["M"][i], "converged": out["converged"][i],
              "iterations": out["iterations"][i], "theta": thetas[i], "seconds": share, "threads": 1}
             for i in range(len(thetas))]
+
+
+def solve_batch_resident(problem: CommonNoiseProblem, hjb_device: bool, paths: range) -> list[dict[str, np.ndarray]]:
+    """Paths ``paths`` as one batch whose fixed point never leaves the GPU (``torch:resident``).
+
+    The potentials go to the device once; the Triton HJB and FP kernels
+    then read and write device tensors only, the damping and the stop test
+    run there (``coupling.picard_batch_device``), and U and M come back
+    once, at the end. ``hjb_device`` is ignored (the HJB is on the device).
+    """
+    import torch
+
+    from core.backends.torch_gpu import device as gpu_device
+
+    started = time.perf_counter()
+    thetas = batch_paths(problem, paths)
+    V = torch.as_tensor(shifted_potential(problem, thetas), device=gpu_device())
+    conditional = conditional_problem(problem)
+    hjb_template = HJBProblem(**conditional.model_fields())
+    fp_template = FPProblem(**conditional.model_fields())
+    out = picard_batch_device(
+        conditional,
+        lambda v, m: hjb_torch.sweep_torch_batch(hjb_template, v, m, v.device, fused=True)[0],
+        lambda u: fp_torch.solve_torch_batch(fp_template, u, fused=True), V)
+    host = {"U": out["U"].cpu().numpy(), "M": out["M"].cpu().numpy(), "converged": out["converged"],
+            "iterations": out["iterations"]}
+    return batch_results(host, thetas, started)

@@ -25,7 +25,14 @@ from plugins.mfg.fp import torch_kernel as fp_torch
 from plugins.mfg.fp.common import all_steps_unsupported
 from plugins.mfg.hjb import reference as hjb_reference
 from plugins.mfg.hjb import torch_kernel as hjb_torch
-from plugins.mfg.problem import FPProblem, HJBProblem, MFGModel, MFGProblem, drives_particles_too_far
+from plugins.mfg.problem import (
+    FPProblem,
+    HJBProblem,
+    MFGModel,
+    MFGProblem,
+    drives_particles_too_far,
+    largest_step,
+)
 
 HJBStep = Callable[[HJBProblem], np.ndarray]
 FPStep = Callable[[FPProblem], np.ndarray]
@@ -90,6 +97,64 @@ def picard_batch(problem: MFGProblem, hjb: BatchHJB, fp: BatchFP, V: np.ndarray)
         active = ~converged & ~diverged & (iterations < problem.max_iter)
     return {"U": U, "M": M, "history": [np.array(h).reshape(-1, 4) for h in history], "converged": converged,
             "iterations": iterations}
+
+
+DeviceHJB = Callable[[object, object], object]  # (V, M) -> U, device tensors (k, Nt+1, Nx) of the live instances
+DeviceFP = Callable[[object], object]  # U -> M
+
+
+def picard_batch_device(problem: MFGProblem, hjb: DeviceHJB, fp: DeviceFP, V) -> dict[str, object]:
+    """:func:`picard_batch`'s fixed point with every iterate a device tensor; ``V`` is (K, Nt+1, Nx) on the device.
+
+    The same damping, divergence and convergence rules, evaluated for all
+    instances at once on the device, so U and M never cross the bus between
+    iterations: the only transfer per iteration is the list of live
+    instances (a few bytes), which the host needs to know whether to go on.
+    Each iteration solves only the instances still live, compacted into one
+    smaller batch: a path's answer does not depend on which paths share its
+    batch (see ``common_noise.solve_torch``), so this changes no result and
+    spends nothing on finished paths. Returns U, M (device tensors) and
+    ``converged``, ``iterations`` (host arrays); no error history.
+    """
+    import torch
+
+    dev = V.device
+    k = V.shape[0]
+    weights = torch.as_tensor(problem.weights(), device=dev, dtype=torch.float64)
+    largest = largest_step(problem)
+
+    def l2_each(values):  # l2() of every instance, in its order of operations
+        return torch.sqrt(torch.sum(values**2 * weights, dim=(1, 2)) * problem.dt)
+
+    M = torch.tensor(problem.m0, device=dev, dtype=torch.float64).expand(k, problem.Nt + 1, -1).clone()
+    U = torch.zeros_like(M)
+    converged = torch.zeros(k, dtype=torch.bool, device=dev)
+    diverged = torch.zeros_like(converged)
+    iterations = torch.zeros(k, dtype=torch.int64, device=dev)
+    active = torch.ones_like(converged)
+    first = True
+    while True:
+        live = torch.nonzero(active).squeeze(1)  # the iteration's one synchronisation
+        if live.numel() == 0:
+            break
+        iterations[live] += 1
+        U_old, M_old = U[live], M[live]
+        U_hjb = hjb(V[live], M_old)
+        U_next = U_hjb if first else (1 - problem.damping_U) * U_old + problem.damping_U * U_hjb
+        # drives_particles_too_far for each instance; "not <=" so that a NaN bound counts as too far
+        spread = torch.amax(U_next, dim=(1, 2)) - torch.amin(U_next, dim=(1, 2))
+        fine = problem.lam * spread / problem.dx * problem.dt <= largest
+        diverged[live] |= ~fine
+        M_fp = fp(torch.where(fine[:, None, None], U_next, 0.0))
+        M_next = torch.where(fine[:, None, None], (1 - problem.damping_M) * M_old + problem.damping_M * M_fp, M_old)
+        if not first:
+            close_U = l2_each(U_next - U_old) <= problem.atol + problem.rtol * l2_each(U_next)
+            close_M = l2_each(M_next - M_old) <= problem.atol + problem.rtol * l2_each(M_next)
+            converged[live] = fine & close_U & close_M
+        U[live], M[live] = U_next, M_next
+        active = ~converged & ~diverged & (iterations < problem.max_iter)
+        first = False
+    return {"U": U, "M": M, "converged": converged.cpu().numpy(), "iterations": iterations.cpu().numpy()}
 
 
 def picard(problem: MFGProblem, hjb: HJBStep, fp: FPStep, V_t: np.ndarray | None = None) -> dict[str, np.ndarray]:

@@ -214,6 +214,13 @@ def common_noise_space(quick: bool) -> SizeSpace:
                              **PICARD_TOLERANCES}, choices={"preset": list(PRESETS)})
 
 
+def common_noise_supports(problem: CommonNoiseProblem, implementation: str) -> str:
+    """``torch:resident`` keeps the fixed point on the device, so it needs both Triton kernels, HJB and FP."""
+    if implementation == "torch:resident":
+        return fused_unsupported(problem) or hjb_fused_unsupported(problem)
+    return hjb_supports(problem, implementation)
+
+
 def common_noise_summary(problem: CommonNoiseProblem, outputs) -> str:
     """Paths converged, and the path-averaged density's mean and spread at T with a bound on their error.
 
@@ -240,6 +247,7 @@ COMMON_NOISE = SolverSpec(
         "torch:hjb_host": lazy("plugins.mfg.common_noise", "solve_torch", hjb_device=False),
         "torch:hjb_device": lazy("plugins.mfg.common_noise", "solve_torch", hjb_device=True),
         "torch:hjb_fused": lazy("plugins.mfg.common_noise", "solve_torch", hjb_device=True, fused_hjb=True),
+        "torch:resident": lazy("plugins.mfg.common_noise", "solve_torch", hjb_device=True, resident=True),
     },
     parallel=lazy("plugins.mfg.common_noise", "solve_parallel"),
     parallel_tasks=lambda problem: float(problem.K),
@@ -248,7 +256,7 @@ COMMON_NOISE = SolverSpec(
     work_done=work.common_noise_work_done,
     size_axis="K",
     space=common_noise_space,
-    supports=hjb_supports,
+    supports=common_noise_supports,
     memory=work.common_noise_memory,
     default_problem=lambda: CommonNoiseProblem(preset="lq", K=8, N=5_000),
     default_params=lambda: {"preset": "lq", "K": 8, "N": 5_000},

@@ -256,11 +256,16 @@ def _coupled_fp_variant(problem: MFGModel, implementation: str) -> str:
 
 
 # the mfg.hjb_fdm implementation each coupled GPU variant runs on the device; every other runs numba's
-COUPLED_HJB = {"torch:hjb_device": "torch", "torch:hjb_fused": "torch:fused"}
+COUPLED_HJB = {"torch:hjb_device": "torch", "torch:hjb_fused": "torch:fused", "torch:resident": "torch:fused"}
 
 
 def fixed_point_memory(problem: MFGModel, implementation: str) -> float:
-    """One FP and one HJB solve, plus the iterates U and M and their damped updates."""
+    """One FP and one HJB solve, plus the iterates U and M and their damped updates.
+
+    ``torch:resident`` holds the same arrays, on the device only: V, U and
+    M of every path, and per iteration the live paths' copies and damped
+    updates, about the eight grids counted here beside the kernels' own.
+    """
     fp = fp_memory(problem, _coupled_fp_variant(problem, implementation))
     hjb = hjb_memory(problem, COUPLED_HJB.get(implementation, "numba"))
     return fp + hjb + 8 * _grid_bytes(problem)

@@ -266,22 +266,45 @@ def _place(problem, positions):
     return problem.xmin + torch.where(y > problem.length, 2 * problem.length - y, y)
 
 
+def device_drift_table(problem, U):
+    """:func:`plugins.mfg.fp.common.drift_table` of a float64 tensor (..., Nt+1, Nx), on its device.
+
+    The same differences in the same order (``torch.gradient`` with
+    ``edge_order=1`` is ``np.gradient``'s rule), so the float32 table the
+    kernel reads is the one the host would have sent.
+    """
+    torch = _torch()
+    if problem.boundary == "periodic":
+        gradient = (torch.roll(U, -1, dims=-1) - torch.roll(U, 1, dims=-1)) / (2 * problem.dx)
+    else:
+        gradient = torch.gradient(U, spacing=problem.dx, dim=-1, edge_order=1)[0]
+    return -problem.lam * gradient
+
+
 def solve_torch_batch(problem, U_batch, *, fused: bool) -> object:
     """Densities (K, Nt+1, Nx) for K value functions at once, as a device tensor.
+
+    ``U_batch`` is a (K, Nt+1, Nx) array, or a float64 tensor already on the
+    device (the resident fixed point's iterate; fused only), whose drift is
+    then formed there too.
 
     The K instances share the particles' seed (common random numbers, as the
     CPU common-noise path uses the problem's seed for every path). The fused
     kernel runs them as a second grid axis; the eager path loops over them.
     """
-    U_batch = np.asarray(U_batch)
+    torch = _torch()
+    on_device = isinstance(U_batch, torch.Tensor)
     if not fused:
-        return _torch().stack([solve_torch(problem, U=u, fused=False)["M"] for u in U_batch])
+        if on_device:
+            raise ValueError("the eager torch FP takes U_batch as a NumPy array; a device batch needs fused=True")
+        return torch.stack([solve_torch(problem, U=u, fused=False)["M"] for u in np.asarray(U_batch)])
     if fused_unsupported(problem):
         raise ValueError(f"the fused torch FP cannot run this problem: {fused_unsupported(problem)}")
-    torch = _torch()
-    dev = gpu_device()
+    dev = U_batch.device if on_device else gpu_device()
     seed = problem.seed if problem.seed is not None else 0
-    drift = torch.as_tensor(np.stack([drift_table(problem, u) for u in U_batch]), device=dev, dtype=torch.float32)
+    table = device_drift_table(problem, U_batch) if on_device else np.stack(
+        [drift_table(problem, u) for u in np.asarray(U_batch)])
+    drift = torch.as_tensor(table, device=dev, dtype=torch.float32)
     generator = torch.Generator(device=dev)
     generator.manual_seed(seed)
     start = initial_positions(problem, generator, dev).to(torch.float32)
