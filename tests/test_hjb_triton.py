@@ -255,16 +255,6 @@ def test_gpu_memory_estimate_covers_the_device_peak():
 
 
 @pytest.mark.gpu
-def test_fixed_point_with_the_kernel_agrees_with_the_host_hjb():
-    # the same FP kernel and seed on the device: only the HJB's rounding differs (see test_mfg_gpu)
-    p = MFGProblem(preset="towel_beach", N=50_000, Nx=41, Nt=20)
-    on_host = FIXED_POINT.implementations["torch:hjb_host"](p)
-    fused = FIXED_POINT.implementations["torch:hjb_fused"](p)
-    assert int(on_host["iterations"]) == int(fused["iterations"])
-    assert np.sum(np.abs(on_host["M"][-1] - fused["M"][-1]) * p.weights()) < 1e-6
-
-
-@pytest.mark.gpu
 def test_common_noise_with_the_kernel_agrees_with_the_host_hjb():
     from plugins.mfg.common_noise import solve_torch
 

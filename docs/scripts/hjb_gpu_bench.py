@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 
 import numpy as np
 
@@ -82,13 +81,9 @@ def triton_seconds(base: HJBProblem, V: np.ndarray, M: np.ndarray, repeats: int,
 def device_names() -> tuple[str, str]:
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as info:
-            cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return torch.cuda.get_device_name(0), cpu
+    from core.costmodel.store import cpu_model
+
+    return torch.cuda.get_device_name(0), cpu_model()
 
 
 def main() -> None:

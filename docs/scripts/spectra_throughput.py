@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ import numpy as np
 
 import core
 from core.atomic import atomic_write_text
+from core.costmodel.store import cpu_model
 from plugins.spectra import work
 from plugins.spectra.model import Spectra
 from plugins.spectra.problem import SpectraProblem
@@ -37,13 +37,7 @@ from plugins.spectra.templates import named_library
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as handle:
-            cpu = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    text = f"{cpu}, {os.cpu_count()} logical CPUs"
+    text = f"{cpu_model()}, {os.cpu_count()} logical CPUs"
     if core.availability("torch").available:
         import torch
 
