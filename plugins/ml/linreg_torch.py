@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -131,7 +132,10 @@ def to_device(values: np.ndarray, device: Any):
     """
     import torch
 
-    return torch.from_numpy(np.ascontiguousarray(values)).to(device, non_blocking=True)
+    with warnings.catch_warnings():
+        # a problem's arrays are read-only; the tensor over them is only read, by the copy to the device
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        return torch.from_numpy(np.ascontiguousarray(values)).to(device, non_blocking=True)
 
 
 def _initial(problem: LinRegProblem, device: Any):
