@@ -248,7 +248,13 @@ def _settling(key: tuple, step: Step, decision: Plan, race: Any, unlearnt: bool,
     kin = [key for key, band in others.items() if backend_of(key) == backend_of(used) and not band.samples]
     own = estimated[used].centre if used in estimated else math.inf
     error = (decision.predictions[used].error or 0.0) if used in decision.predictions else 0.0
-    return Settled(key, step, lowest(set(others) - set(kin)), race.calls, decision, unlearnt, own, lowest(kin), error)
+    # an unlearnt step keeps the bands themselves: a later call tells from them what the full step would run
+    bands = models = families = None
+    if unlearnt:
+        bands, families = dict(estimated), {key: backend_of(key) for key in estimated}
+        models = {key: p.model_seconds for key, p in decision.predictions.items()}
+    return Settled(key, step, lowest(set(others) - set(kin)), race.calls, decision, unlearnt, own, lowest(kin), error,
+                   bands, models, families)
 
 
 def _worth_confirming(decision: Plan, race: Any, used: str) -> bool:

@@ -426,6 +426,45 @@ def test_an_unlearnt_step_weighs_its_siblings_in_the_conditions_its_runs_met():
     assert race_rule.settled_step(race, ("key",)) is None
 
 
+def test_an_unlearnt_step_with_its_bands_stands_wherever_the_full_step_would_run_it_again():
+    """Call 3, the leader alone run warm: the step stands while its estimate lies under every other contender's
+    band (a contender known only by its model takes the lead only then: rule 3), its siblings scaled to its runs
+    (rule 6); not when one band lies wholly under it, nor when an extrapolating one lies below its band."""
+    def settled(others):
+        bands = {"a:x": race_rule.band_of(1.0, 0.1, 0), **others}
+        models = {key: band.centre for key, band in bands.items()}
+        families = {key: key.split(":")[0] for key in bands}
+        return race_rule.Settled(("key",), race_rule.Step("a:x", False, "the plan's pick"), math.inf, 1, None,
+                                 unlearnt=True, estimate=1.0, error=0.1, bands=bands, models=models,
+                                 families=families)
+
+    race = _race(calls=2)
+    race.leader = "a:x"
+    race.add("a:x", 1.0, cold=False)
+    own = race_rule.estimate((1.0, 0.1), [1.0])
+    tie = race_rule.band_of(0.99, 0.1, 0)  # a tie within the clock's jitter: the stricter test planned in full
+    race.settled = settled({"b": tie})
+    assert race_rule.settled_step(race, ("key",)) is race.settled
+    step = race_rule.next_step({"a:x": own, "b": tie}, race, "b", math.inf)  # whichever the plan would pick
+    assert step.implementation == "a:x" and not step.explore
+    below = race_rule.band_of(0.7, 0.1, 0)  # its whole band under the leader's estimate: it leads
+    race.settled = settled({"b": below})
+    assert race_rule.settled_step(race, ("key",)) is None
+    assert race_rule.next_step({"a:x": own, "b": below}, race, "a:x", math.inf).implementation == "b"
+    wild = race_rule.band_of(0.7, race_rule.EXTRAPOLATED_ERROR, 0)  # extrapolating, below its band: tried
+    race.settled = settled({"b": wild})
+    assert race_rule.settled_step(race, ("key",)) is None
+    assert race_rule.next_step({"a:x": own, "b": wild}, race, "a:x", math.inf).explore
+    # a sibling follows the leader's runs: the leader ran at 2x its model here, so a sibling modelled at 0.8 would
+    # run at 1.6, over the leader's estimate (a lone run above its model's band counts for little until confirmed)
+    race.warm["a:x"] = [2.0]
+    sibling = race_rule.band_of(0.8, 0.1, 0)
+    race.settled = settled({"a:y": sibling})
+    assert race_rule.settled_step(race, ("key",)) is race.settled
+    race.settled = settled({"b": sibling})  # another backend's band is taken as its model says
+    assert race_rule.settled_step(race, ("key",)) is None
+
+
 @pytest.mark.parametrize("keys, moves", [(("serial:fast", "serial:slow"), False), (("serial", "pool"), True)])
 def test_a_loop_slower_than_the_models_keeps_a_variant_but_checks_another_backend(clean, keys, moves):
     """Every implementation runs 1.5-1.8x its model in this loop. A sibling (same backend) would too: the leader

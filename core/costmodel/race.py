@@ -148,6 +148,11 @@ class Settled:
     estimate: float = math.inf
     kin: float = math.inf
     error: float = 0.0  # the leader's relative error then (its model's, for an unlearnt step)
+    # an unlearnt step's view as the full step takes it (confirmed_by_its_runs): every contender's band then, its
+    # model alone, and its backend (None: only the lowest estimates above are known, and the stricter test holds)
+    bands: Mapping[str, Band] | None = None
+    models: Mapping[str, float | None] | None = None
+    families: Mapping[str, str] | None = None
 
 
 REPLAN_EVERY = 16  # a settled loop plans in full at least this often (and on calls 2, 4, 8, ...)
@@ -182,14 +187,15 @@ def confirmed_by_its_runs(settled: Settled, race: Race, call: int) -> bool:
     estimate has moved, whichever call this is. Once the leader alone has
     warm runs, off the exploring calls (2, 4, 8, ...) and before any trial,
     the full step runs it again as long as its estimate (its model and its
-    runs, :func:`estimate`) lies under every other contender's estimate
-    then, by more than the clock's jitter (the plan's pick keeps ties,
-    :func:`next_step`): the others' are unchanged (no run of theirs, same
-    models), and no challenger can lie below its band. Its
-    siblings' estimates follow its runs (:func:`in_the_loops_conditions`),
-    so theirs are taken scaled as the full step would scale them. A third
-    call of a new HJB problem planned in full cost 50-60 us more than a
-    call naming numba on the VM, against a 35-40 us kernel.
+    runs, :func:`estimate`) lies under every other contender's band, none
+    of which can be tried (:func:`keeps_the_incumbent`): the others' are
+    unchanged (no run of theirs, same models). Its siblings' estimates
+    follow its runs (:func:`in_the_loops_conditions`), so theirs are taken
+    scaled as the full step would scale them. A third call of a new HJB
+    problem planned in full cost 50-60 us more than a call naming numba on
+    the VM, against a 35-40 us kernel. A step recorded without its bands
+    is held to the stricter test of the lowest estimates: the leader's
+    estimate under every other's by more than the clock's jitter.
     """
     ran = [key for key, runs in race.warm.items() if runs]
     if not ran:
@@ -200,9 +206,39 @@ def confirmed_by_its_runs(settled: Settled, race: Race, call: int) -> bool:
     runs = race.warm[leader]
     if not 0 < settled.estimate < math.inf:
         return False
+    own = estimate((settled.estimate, settled.error), runs)
+    if settled.bands is not None and settled.models is not None and settled.families is not None:
+        return keeps_the_incumbent(own, settled.bands, settled.models, settled.families, race, leader)
     conditions = statistics.median(runs) / settled.estimate
     bound = min(settled.ceiling, settled.kin * conditions) / (1 + MIN_SPREAD)
-    return estimate((settled.estimate, settled.error), runs).centre < bound
+    return own.centre < bound
+
+
+def keeps_the_incumbent(own: Band, bands: Mapping[str, Band], models: Mapping[str, float | None],
+                        families: Mapping[str, str], race: Race, incumbent: str) -> bool:
+    """Whether :func:`next_step`, off the exploring calls, runs ``incumbent`` again when only it has warm runs.
+
+    ``own`` is its estimate from its model and those runs; ``bands`` every
+    contender's model band as the step that chose it weighed them. The others
+    have no runs, so next_step's lowest estimate is either the incumbent or a
+    contender known only by its model, and such a contender takes the lead
+    only when the incumbent's estimate lies above its whole band (rule 3;
+    its siblings in the conditions the incumbent's runs met, rule 6). Nor is
+    one tried (:func:`challenged`) unless its model extrapolates and lies
+    below the incumbent's band. Whichever implementation a full plan would
+    name its pick, the step then stands: planning in full only to run the
+    same implementation cost a linreg loop's third call 65 us over a call
+    naming it on the VM, on a 60 us kernel (its numba variants' models tie).
+    """
+    scaled = in_the_loops_conditions(bands, models, race, families.__getitem__)
+    for key, band in scaled.items():
+        if key == incumbent:
+            continue
+        if not band.high > own.centre:
+            return False
+        if relative_error(band) >= EXTRAPOLATED_ERROR and band.centre < own.low:
+            return False
+    return True
 
 
 def settled_step(race: Race, key: tuple) -> Settled | None:
