@@ -237,24 +237,23 @@ def _settling(key: tuple, step: Step, decision: Plan, race: Any, unlearnt: bool,
               estimated: dict[str, Any] | None = None) -> Settled:
     """The step later calls may reuse: with the lowest estimate of any other contender (the ceiling its
     leader's runs must stay under, its siblings' apart: race.Settled) and the leader's own, as :func:`_step`
-    weighs them (one-offs spread, in the loop's conditions as this call's run left them)."""
+    weighs them (one-offs spread, in the loop's conditions as this call's run left them). An unlearnt step keeps
+    every contender's band, its model and its backend instead (race.keeps_the_incumbent)."""
     estimated = _estimated(decision, race) if estimated is None else estimated
     used = step.implementation
-    others = {key: band for key, band in estimated.items() if key != used}
-
-    def lowest(keys: Any) -> float:
-        return min((others[key].centre for key in keys), default=math.inf)
-
-    kin = [key for key, band in others.items() if backend_of(key) == backend_of(used) and not band.samples]
     own = estimated[used].centre if used in estimated else math.inf
     error = (decision.predictions[used].error or 0.0) if used in decision.predictions else 0.0
-    # an unlearnt step keeps the bands themselves: a later call tells from them what the full step would run
-    bands = models = families = None
     if unlearnt:
-        bands, families = dict(estimated), {key: backend_of(key) for key in estimated}
-        models = {key: p.model_seconds for key, p in decision.predictions.items()}
-    return Settled(key, step, lowest(set(others) - set(kin)), race.calls, decision, unlearnt, own, lowest(kin), error,
-                   bands, models, families)
+        return Settled(key, step, math.inf, race.calls, decision, True, own, math.inf, error, dict(estimated),
+                       {name: p.model_seconds for name, p in decision.predictions.items()},
+                       {name: backend_of(name) for name in estimated})
+    others = {name: band for name, band in estimated.items() if name != used}
+
+    def lowest(keys: Any) -> float:
+        return min((others[name].centre for name in keys), default=math.inf)
+
+    kin = [name for name, band in others.items() if backend_of(name) == backend_of(used) and not band.samples]
+    return Settled(key, step, lowest(set(others) - set(kin)), race.calls, decision, unlearnt, own, lowest(kin), error)
 
 
 def _worth_confirming(decision: Plan, race: Any, used: str) -> bool:

@@ -230,13 +230,18 @@ def keeps_the_incumbent(own: Band, bands: Mapping[str, Band], models: Mapping[st
     same implementation cost a linreg loop's third call 65 us over a call
     naming it on the VM, on a 60 us kernel (its numba variants' models tie).
     """
-    scaled = in_the_loops_conditions(bands, models, race, families.__getitem__)
-    for key, band in scaled.items():
+    # in_the_loops_conditions for this case, inline (a third call asks it; the dicts it builds cost 10 us on the VM):
+    # only the incumbent has runs, so its siblings' bands are scaled by its median run over its model
+    runs, model = race.warm.get(incumbent), models.get(incumbent)
+    factor = statistics.median(runs) / model if runs and model and model > 0 else 1.0
+    family = families[incumbent]
+    for key, band in bands.items():
         if key == incumbent:
             continue
-        if not band.high > own.centre:
+        scale = factor if families[key] == family and not band.samples else 1.0
+        if not band.high * scale > own.centre:
             return False
-        if relative_error(band) >= EXTRAPOLATED_ERROR and band.centre < own.low:
+        if band.centre * scale < own.low and relative_error(band) >= EXTRAPOLATED_ERROR:
             return False
     return True
 

@@ -25,8 +25,10 @@ fresh wisdom store:
   auto or naming numba, with the free-memory reading fresh or stale (a
   process that solves a new problem every few seconds); then a cProfile
   of 120 auto first calls.
-- ``evaluate``: ``crossover evaluate mfg.hjb_fdm`` itself, with each call's
-  phases timed: auto against the calls naming the best, per call index.
+- ``evaluate``: ``crossover evaluate mfg.hjb_fdm`` itself (``PROBE_SOLVER``
+  names another solver, ``PROBE_COUNT`` the problems), with each call's
+  phases timed: auto against the calls naming the best, per call index;
+  ``PROBE_PROFILE=1`` adds a cProfile of the auto loops' first calls.
 
 Each line: what ran, then per call (implementation, wall ms, kernel ms).
 """
@@ -201,6 +203,9 @@ def _profiling(profile: object) -> Iterator[None]:
 def evaluate_phases() -> None:
     """``crossover evaluate`` on HJB, with each ``core.solve`` call's phases timed: auto against the calls naming
     the best, per call index (median over problems), so a gap between the two shows where it is spent."""
+    import cProfile
+    import io
+    import pstats
     import statistics
 
     import core.api as api
@@ -209,12 +214,16 @@ def evaluate_phases() -> None:
     from core.costmodel.evaluate import evaluate
 
     records: list[tuple[str, dict[str, float]]] = []
+    judged: list[bool] = []  # the primer chosen: the loops evaluate judges begin
     solve = api.solve
+    profile = cProfile.Profile() if os.environ.get("PROBE_PROFILE") == "1" else None
 
     def timed_solve(problem: object, backend: str = "auto", **kwargs: object) -> object:
         records.append((backend, {}))
         PHASE_TIMES.clear()
-        with _timing():
+        # a second pass of each auto first call would not be a first call: the profile is of the timed ones
+        profiled = profile is not None and judged and backend == "auto" and len(records) % 3 == 1
+        with _timing(), (_profiling(profile) if profiled else contextlib.nullcontext()):
             began = time.perf_counter()
             result = solve(problem, backend, **kwargs)
             wall = time.perf_counter() - began
@@ -231,7 +240,18 @@ def evaluate_phases() -> None:
         _timed(planmod, name)
     for name in ("observe", "race", "count_call", "note_planning"):
         _timed(plannermod.Planner, name)
-    report = evaluate("mfg.hjb_fdm", count=int(os.environ.get("PROBE_COUNT", "12")), progress=False)
+    import core.costmodel.evaluate as evaluation
+
+    choose_primer = evaluation.primer
+
+    def primer_then_record(*args: object) -> object:
+        records.clear()  # the calls so far warmed the process (evaluate.warm_the_process): not the loops judged
+        judged.append(True)
+        return choose_primer(*args)
+
+    evaluation.primer = primer_then_record
+    solver = os.environ.get("PROBE_SOLVER", "mfg.hjb_fdm")
+    report = evaluate(solver, count=int(os.environ.get("PROBE_COUNT", "12")), progress=False)
     auto = [phases for backend, phases in records if backend == "auto"]
     named = [phases for backend, phases in records if backend != "auto"]
     for label, found in (("auto", auto), ("named", named)):
@@ -242,6 +262,14 @@ def evaluate_phases() -> None:
             print(f"{label} call {call + 1} (us, median of {len(rows)}):",
                   ", ".join(f"{n} {statistics.median(row.get(n, 0.0) for row in rows) * 1e6:.0f}" for n in names))
     print("loop ratios:", [round(row.loop_ratio, 2) for row in report.rows])
+    if profile is not None:  # per first call, in us (pstats prints whole milliseconds): inflated by the profiler
+        calls = max(1, len(auto) // 3)
+        stats = pstats.Stats(profile, stream=io.StringIO()).stats
+        rows = sorted(stats.items(), key=lambda item: -item[1][2])[:40]
+        print(f"cProfile of the auto loops' first calls ({calls}): us per first call, own time then with callees")
+        for (path, line, name), (_, count, own, total, _) in rows:
+            print(f"{own / calls * 1e6:8.1f} {total / calls * 1e6:8.1f} {count / calls:6.1f}x "
+                  f"{os.path.basename(path)}:{line}({name})")
 
 
 PARTS = {"rw": random_walk, "lr": linreg_graph, "dg": dotgat_batches, "hjb": hjb_overhead,
