@@ -150,6 +150,40 @@ def fit_chunk(task: tuple, shared: Mapping[str, np.ndarray], seed: Any) -> dict[
         return fit_batch(spectra, library, numba_ops(), degree=degree, max_iter=max_iter, tol=tol)
 
 
+_WORKER_KERNELS_READY: list[bool] = []
+
+
+def compile_worker_kernels(job: tuple, shared: Mapping[str, np.ndarray]) -> None:
+    """Compile here, once per process, every Numba kernel variant a worker's chunk may take, for its workers.
+
+    A chunk of ``PARALLEL_FROM`` spectra or more runs the parallel kernels,
+    a smaller one the serial: which ones a batch meets depends on its size.
+    Numba compiles each on its first call in each worker, and saves it to
+    its cache for later processes. On a fresh 16-core H200 host the first
+    batch of 4,096 (chunks of 16) ran at 115 spectra per second against 477
+    in the next process: all 16 workers compiled the three parallel kernels
+    at once, about 27 s, inside the batch (``NUMBA_DEBUG_CACHE=1``,
+    ``docs/results/gpu-2026-11-27k/a-pool1.log``); the warm-up's smaller
+    chunks had compiled the serial ones. Fitted here first (one iteration of
+    one spectrum and of ``PARALLEL_FROM``, on read-only inputs as the
+    workers get them: Numba types a read-only array apart), both variants
+    are in the cache when the workers first call them, which they load.
+    """
+    from plugins.spectra.numba_kernels import PARALLEL_FROM
+
+    if _WORKER_KERNELS_READY:
+        return
+    views = {}
+    for name, array in shared.items():
+        views[name] = np.asarray(array).view()
+        views[name].setflags(write=False)
+    start, _, grid, degree, _, tol, names = job
+    available = len(views["flux"]) - start
+    for count in sorted({1, min(PARALLEL_FROM, available)}):
+        fit_chunk((start, start + count, grid, degree, 1, tol, names), views, None)
+    _WORKER_KERNELS_READY.append(True)
+
+
 MAX_CHUNK = 16  # spectra a task fits at most
 
 
@@ -185,6 +219,8 @@ def solve_parallel(problem: SpectraProblem, backend: str) -> dict[str, np.ndarra
     jobs = [(a, b, problem.grid, problem.degree, problem.max_iter, problem.tol, spectra.arm_names) for a, b in bounds]
     shared = {"wave": np.asarray(spectra.wave), "arm": np.asarray(spectra.arm), "flux": np.asarray(spectra.flux),
               "ivar": np.asarray(spectra.ivar), "targetid": np.asarray(spectra.targetid)}
+    if backend == "process":  # workers on this machine load what this process compiles (not a cluster's)
+        compile_worker_kernels(jobs[0], shared)
     parts = tasks.map_tasks(fit_chunk, jobs, shared=shared, labels=[f"spectra {a}..{b - 1}" for a, b in bounds],
                             backend=backend)
     columns = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
