@@ -280,6 +280,35 @@ def test_batch_counts_equal_single_counts():
         assert torch.equal(counts[k], single) and torch.equal(units[k], single_units), k
 
 
+@pytest.mark.gpu
+def test_the_kernel_steps_add_standard_normal_increments():
+    # zero drift on a domain far wider than the walk: a step adds sigma * sqrt(dt) * z, so the variance grows by
+    # sigma**2 * dt a step only if the four normals of each Philox draw (four consecutive steps) are standard
+    # and uncorrelated; the end point, a sum of eight, is normal (kurtosis 3) only if their shape is right too.
+    # Nx = 2001 is past the block histogram's bins: the kernel counts with one add per particle, checked here
+    import torch
+
+    from plugins.mfg.fp.fixed_point import FIXED_POINT_SCALE, moments_from_units
+    from plugins.mfg.fp.layout import SLOTS
+    from plugins.mfg.fp.torch_kernel import deposit_units
+    from plugins.mfg.fp.triton_kernel import histogram_bins, run_fused_counts
+
+    p = FPProblem(N=1 << 20, Nx=2001, Nt=8, xmin=-10.0, xmax=10.0, sigma=1.0)
+    assert histogram_bins(p.Nx) == 0
+    last = torch.zeros(p.N, device="cuda", dtype=torch.float32)
+    counts, units = run_fused_counts(p, last, torch.zeros(p.Nt + 1, p.Nx, device="cuda", dtype=torch.float32), 5)
+    assert torch.all(counts.sum(dim=-1) == p.N * FIXED_POINT_SCALE)
+    histogram = torch.zeros(SLOTS, p.Nx, dtype=torch.int64, device=last.device)
+    deposit_units(p, last, histogram, torch.arange(p.N, device=last.device) % SLOTS)
+    assert torch.equal(histogram.sum(dim=0), counts[-1])
+    sums = moments_from_units(p, units).cpu().numpy()
+    variance = (sums[1:, 1] - sums[1:, 0] ** 2 / p.N) / p.N
+    np.testing.assert_allclose(variance / (p.sigma**2 * p.dt * np.arange(1, p.Nt + 1)), 1.0, atol=5 * np.sqrt(2 / p.N))
+    z = last.double().cpu().numpy() / (p.sigma * np.sqrt(p.T))
+    assert abs(z.mean()) < 5 / np.sqrt(p.N)
+    assert abs(np.mean(z**4) / np.mean(z**2) ** 2 - 3.0) < 5 * np.sqrt(96 / p.N)
+
+
 def test_too_many_particles_for_the_fixed_point_are_refused_with_the_bound():
     pytest.importorskip("torch")
     from plugins.mfg.fp.fixed_point import FIXED_POINT_SCALE, MAX_PARTICLES, fixed_point_unsupported

@@ -5,10 +5,10 @@ Two implementations compute the same thing, each keyed on its own
 
 - ``fused=True``: ONE Triton kernel launch runs every time step. Each
   program keeps its block of particles in registers for the whole solve,
-  draws its normals with Philox (``tl.randn``), interpolates the drift,
-  wraps or reflects, and deposits the linear-binning mass into one of
-  ``SLOTS`` private copies of the histogram, so a few bins are never
-  hammered by every thread at once. It needs CUDA and Triton, and a problem
+  draws its normals with Philox (four per draw, for four steps),
+  interpolates the drift, wraps or reflects, and deposits the
+  linear-binning mass into one of ``SLOTS`` private copies of the
+  histogram, so a few bins are never hammered by every thread at once. It needs CUDA and Triton, and a problem
   an all-steps kernel can run (:func:`fused_unsupported` says why not).
 - ``fused=False`` (eager): the same step as whole-array torch operations,
   with the histogram scattered into the same slotted buffer; it runs every
@@ -175,10 +175,11 @@ def deposit_units(problem, positions, histogram, slot_index):
     """Linear binning into the slotted int64 histogram (Nslots, Nx), in fixed-point units (:func:`split_units`).
 
     The cell and fraction are computed in float64 exactly as the Triton
-    kernel computes them, so both count the same units for the same positions.
+    kernel computes them (times the inverse of dx: the kernel spares a
+    float64 division), so both count the same units for the same positions.
     """
     torch = _torch()
-    s = (positions.double() - problem.xmin) / problem.dx
+    s = (positions.double() - problem.xmin) * (1.0 / problem.dx)
     left = torch.floor(s)
     frac = s - left
     left = left.long()
