@@ -156,3 +156,57 @@ class CommonNoiseScaling:
         return seconds[1] / (workers * seconds[workers])
 
     track_parallel_efficiency.unit = "efficiency"
+
+
+class FPRate:
+    """Particle-steps per second of the FP solve at the issue's GPU size (N = 1e7, Nx = 101, Nt = 100).
+
+    The bar is 6e10 on one H200 (``docs/scripts/fp_throughput.py`` gives the
+    same figure with repeats and checks that two runs give the same bits).
+    Off a GPU only the Numba variant runs, at a tenth of the particles.
+    """
+
+    params = (["numba:fused", "torch:fused"],)
+    param_names = ("implementation",)
+    timeout = 600
+
+    def setup(self, implementation: str) -> None:
+        _skip_unavailable(implementation)
+        n = 10_000_000 if backend_of(implementation) == "torch" else 1_000_000
+        self.problem = FPProblem(N=n, Nx=101, Nt=100)
+        core.solve(self.problem, backend=implementation)  # warm-up: JIT, CUDA context, Triton compile
+
+    def track_particle_steps_per_second(self, implementation: str) -> float:
+        seconds = median_seconds(lambda: core.solve(self.problem, backend=implementation))
+        return self.problem.N * self.problem.Nt / seconds
+
+    track_particle_steps_per_second.unit = "particle-steps/s"
+
+
+class CommonNoiseResident:
+    """Seconds of ``mfg.common_noise`` at K paths: every path's fixed point on one GPU against the process pool.
+
+    The issue's comparison: ``torch:resident`` (U and M copied to the host
+    once) against ``process`` (each path the Numba fixed point, as tasks on
+    this machine's workers), lq, N = 5,000, Nx = 51, Nt = 50. The bar is 10x
+    at K = 1,024 on the 16-core GPU host; ``docs/scripts/common_noise_gpu_bench.py``
+    sweeps K and reports the crossover.
+    """
+
+    params = (["torch:resident", "process"], [64, 1024])
+    param_names = ("implementation", "K")
+    timeout = 900
+
+    def setup(self, implementation: str, k: int) -> None:
+        from plugins.mfg.problem import CommonNoiseProblem
+        from plugins.mfg.specs import COMMON_NOISE
+
+        _skip_unavailable(implementation)
+        self.problem = CommonNoiseProblem(preset="lq", K=k, N=5_000, Nx=51, Nt=50)
+        why = COMMON_NOISE.supports(self.problem, implementation)
+        if why:
+            raise NotImplementedError(why)
+        core.solve(CommonNoiseProblem(preset="lq", K=16, N=5_000, Nx=51, Nt=50), backend=implementation)
+
+    def time_common_noise(self, implementation: str, k: int) -> None:
+        core.solve(self.problem, backend=implementation)
