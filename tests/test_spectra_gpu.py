@@ -1,4 +1,5 @@
-"""The torch backend of spectra.fit on a real GPU: the same answers as the numba fit, and in-model accuracy."""
+"""The torch backend of spectra.fit on a real GPU, eager and fused (Triton): the same answers as the numba fit
+and as each other, and in-model accuracy."""
 
 from __future__ import annotations
 
@@ -32,6 +33,55 @@ def test_gpu_accuracy_at_snr_20_on_500_spectra():
     import torch
 
     stats = accuracy_run(named_library("small"), 500, 20.0, TorchOps(torch.device("cuda")), seed=77)
+    assert stats["fitted"] >= 495, stats
+    assert 0.9 < stats["pull_std_v"] < 1.2, stats
+    assert stats["rv_scatter_over_crb"] < 1.2, stats
+    assert stats["outlier_fraction"] < 0.01, stats
+
+
+def test_fused_kernels_give_the_eager_model_to_float32_rounding():
+    import torch
+
+    from plugins.spectra.model import arm_wavelengths, prepare, shifted_templates
+    from plugins.spectra.triton_kernels import TritonOps
+
+    library = named_library("small")
+    rng = np.random.default_rng(8)
+    n = 256
+    p = np.column_stack([rng.uniform(-1000, 1000, n), rng.uniform(0, 300, n), rng.uniform(library.lower, library.upper,
+                                                                                          (n, 4))])
+    p[:4, 0], p[:4, 1] = [-1000.0, 1000.0, 0.0, 5.0], [0.0, 300.0, 0.2, 15.0]  # the bounds, a delta kernel
+    wave, arm = arm_wavelengths()
+    models = []
+    for ops in (TorchOps(torch.device("cuda")), TritonOps(torch.device("cuda"))):
+        prep = prepare(ops, library, wave, arm, 3)
+        at = ops.asarray(p, dtype=torch.float64)
+        models.append([shifted_templates(prep, at, jac).cpu().numpy() for jac in (False, True)])
+    for eager, fused in zip(*models):
+        scale = np.abs(eager).max(axis=(0, 2), keepdims=True)
+        assert np.max(np.abs(fused - eager) / scale) < 3e-5
+
+
+def test_fused_fit_agrees_with_the_eager_torch_fit():
+    library = named_library("small")
+    spectra = synthetic_spectra(library, 64, snr=20, seed=31)
+    eager = core.solve(SpectraProblem(spectra=spectra), backend="torch").outputs
+    fused = core.solve(SpectraProblem(spectra=spectra), backend="torch:fused").outputs
+    assert np.sum(fused["SUCCESS"] != eager["SUCCESS"]) <= 1  # float32 rounding may tip one borderline fit
+    both = eager["SUCCESS"] & fused["SUCCESS"]
+    assert both.sum() >= 62
+    for name in ("VRAD", "VSINI", "TEFF", "LOGG", "FEH", "ALPHA"):
+        gap = np.abs(fused[name] - eager[name])[both] / eager[f"{name}_ERR"][both]
+        assert np.max(gap) < 0.05, (name, np.max(gap))
+        assert np.allclose(fused[f"{name}_ERR"][both], eager[f"{name}_ERR"][both], rtol=0.02)
+
+
+def test_fused_accuracy_at_snr_20_on_500_spectra():
+    import torch
+
+    from plugins.spectra.triton_kernels import TritonOps
+
+    stats = accuracy_run(named_library("small"), 500, 20.0, TritonOps(torch.device("cuda")), seed=77)
     assert stats["fitted"] >= 495, stats
     assert 0.9 < stats["pull_std_v"] < 1.2, stats
     assert stats["rv_scatter_over_crb"] < 1.2, stats

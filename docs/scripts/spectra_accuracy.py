@@ -43,9 +43,15 @@ def ops_for(name: str):
         import torch
 
         return TorchOps(torch.device("cuda")), "lm"
+    if name == "torch-fused":
+        import torch
+
+        from plugins.spectra.triton_kernels import TritonOps
+
+        return TritonOps(torch.device("cuda")), "lm"
     if name == "torch-cpu":
         return TorchOps("cpu"), "lm"
-    raise SystemExit(f"--backend {name!r}: must be numpy, numba, torch or torch-cpu")
+    raise SystemExit(f"--backend {name!r}: must be numpy, numba, torch, torch-fused (Triton) or torch-cpu")
 
 
 def compare(names: list[str], n: int, grid: str) -> dict:

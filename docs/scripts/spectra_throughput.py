@@ -81,7 +81,8 @@ def measure(backend: str, all_spectra: Spectra, grid: str, batches: list[int], m
 
 
 def time_batch(backend: str, all_spectra: Spectra, grid: str, batch: int, repeats: int) -> dict:
-    if backend == "torch":
+    on_gpu = backend.split(":", 1)[0] == "torch"
+    if on_gpu:
         import torch
 
         torch.cuda.reset_peak_memory_stats()
@@ -93,7 +94,7 @@ def time_batch(backend: str, all_spectra: Spectra, grid: str, batch: int, repeat
     row = {"batch": batch, "seconds": median, "spectra_per_second": batch / median, "repeats": repeats,
            "success": float(np.mean(outputs["SUCCESS"])), "mean_iterations": float(np.mean(outputs["ITERATIONS"])),
            "model_bytes": work.batch_bytes(batch, all_spectra.n_pixels, named_library(grid).nodes, backend)}
-    if backend == "torch":
+    if on_gpu:
         row["peak_gpu_bytes"] = float(torch.cuda.max_memory_allocated())
     return row
 
@@ -128,7 +129,7 @@ def markdown(payload: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="numpy,numba:serial,numba:threads,process,torch")
+    parser.add_argument("--backends", default="numpy,numba:serial,numba:threads,process,torch,torch:fused")
     parser.add_argument("--batches", default="1,8,64,512,4096")
     parser.add_argument("--grid", default="realistic")
     parser.add_argument("--snr", type=float, default=20.0)

@@ -3,9 +3,10 @@
 ``spectra.fit`` fits a batch of spectra (v, vsini, teff, logg, [Fe/H],
 [alpha/Fe], with errors from the curvature) on numpy (scipy, one spectrum
 at a time: the reference), numba (the batched Levenberg-Marquardt on CPU,
-threaded or serial), any parallel backend (chunks of spectra as tasks) and torch (the
-batched fit on the GPU). :func:`fit_spectra` is the entry point for users;
-``crossover fit-spectra`` runs it on a DESI-style coadd FITS file.
+threaded or serial), any parallel backend (chunks of spectra as tasks) and
+torch (the batched fit on the GPU, eager or with its model kernels fused in
+Triton). :func:`fit_spectra` is the entry point for users; ``crossover
+fit-spectra`` runs it on a DESI-style coadd FITS file.
 See docs/spectra.md.
 """
 
@@ -21,11 +22,12 @@ from plugins.spectra import work
 from plugins.spectra.model import Spectra
 from plugins.spectra.problem import FULL_PIXELS, SpectraProblem
 
-__version__ = "0.9.0"  # 0.2: the "steps" feature; 0.3: balanced process chunks; 0.4: the CCF start by one product;
+__version__ = "0.10.0"  # 0.2: the "steps" feature; 0.3: balanced process chunks; 0.4: the CCF start by one product;
 # 0.5: a fifth of the torch launches per step, process chunks of at most 16 spectra; 0.6: numba:threads's span;
 # 0.7: tol and degree in the space, the continuum's feature; 0.8: outlier clipping, absolute convergence,
 # ITERATIONS as trial steps everywhere; 0.9: the cubic read and the rotation kernel on the cubic basis (vsini
-# unbiased at low values) (older timings mismeasure the newer code: a version change recalibrates)
+# unbiased at low values); 0.10: torch:fused (Triton), clipping judged on the device (older timings
+# mismeasure the newer code: a version change recalibrates)
 __all__ = ["Spectra", "SpectraProblem", "fit_spectra"]
 
 
@@ -68,7 +70,9 @@ SPEC = SolverSpec(
     implementations={"numpy": lazy("plugins.spectra.solve", "solve_numpy"),
                      "numba:threads": lazy("plugins.spectra.solve", "solve_numba", parallel=True),
                      "numba:serial": lazy("plugins.spectra.solve", "solve_numba", parallel=False),
-                     "torch": lazy("plugins.spectra.solve", "solve_torch")},
+                     "torch": lazy("plugins.spectra.solve", "solve_torch"),
+                     "torch:fused": lazy("plugins.spectra.solve", "solve_torch", fused=True)},
+    supports=lambda problem, implementation: _supports(problem, implementation),
     parallel=lazy("plugins.spectra.solve", "solve_parallel"),
     parallel_tasks=lambda problem: float(len(_chunks(problem.n_spectra))),
     span_feature="template_iterations",
@@ -86,6 +90,12 @@ SPEC = SolverSpec(
     description="stellar RV, vsini, teff, logg, [Fe/H], [alpha/Fe] of a batch of 3-arm spectra (CCF + LM)",
     version=__version__,
 )
+
+
+def _supports(problem: SpectraProblem, implementation: str) -> str:
+    from plugins.spectra.solve import supports
+
+    return supports(problem, implementation)
 
 
 def _chunks(n: int) -> list[tuple[int, int]]:

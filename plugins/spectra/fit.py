@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from plugins.spectra.model import N_PARAMS, PARAM_NAMES, Prepared, covariance, evaluate, float64_dtype
+from plugins.spectra.ops import NumpyOps
 from plugins.spectra.templates import C_KMS, V_MAX
 
 # per-spectrum flags (bits of the FLAGS column); SUCCESS means none of FAILURE's bits
@@ -202,13 +203,16 @@ def ccf_start(prep: Prepared, flux: Any, weight: Any, design: CCFDesign | None =
     n_nodes, width = len(design.nodes), len(design.lags)
     cc = ops.matmul(ops.asarray(flat, dtype=f32), design.shifted).reshape(flux.shape[0], n_nodes, width)
     norms = xp.sqrt(ops.maximum(ops.matmul(ops.asarray(use, dtype=f32), design.squared), 1e-30))  # (B, K)
-    s = ops.to_numpy(cc / norms[:, :, None]).astype(np.float64).reshape(flux.shape[0], -1)
-    best = np.argmax(s, axis=1)
+    scores = (cc / norms[:, :, None]).reshape(flux.shape[0], -1)
+    # the peak and its two neighbours on the device: the host gets (B, 3) numbers, not every score
+    # (a batch of 4,096 would copy 33 MB to the host and search it there)
+    best_at = ops.argmax(scores, 1)
+    lag_at = best_at % width
+    around = xp.stack([xp.where(lag_at > 0, best_at - 1, best_at), best_at,
+                       xp.where(lag_at < width - 1, best_at + 1, best_at)], 1)
+    left, centre, right = ops.to_numpy(ops.take_along(scores, around, 1)).astype(np.float64).T
+    best = ops.to_numpy(best_at).astype(np.int64)
     k_best, lag_best = best // width, best % width
-    rows = np.arange(len(best))
-    left = s[rows, np.where(lag_best > 0, best - 1, best)]
-    right = s[rows, np.where(lag_best < width - 1, best + 1, best)]
-    centre = s[rows, best]
     curvature = left - 2 * centre + right
     offset = np.where(curvature < 0, 0.5 * (left - right) / np.where(curvature < 0, curvature, -1.0), 0.0)
     lag = design.lags[lag_best] + np.clip(offset, -0.5, 0.5)
@@ -283,8 +287,9 @@ def lm_batch(prep: Prepared, flux: Any, weight: Any, p0: Any, max_iter: int, tol
         if tol > 0:
             limit = converged_below(tol, before, absolute[a])
             finished = finished | (better & (gain <= limit)) | (predicted <= limit)
-        done[active] = ops.to_numpy(finished)  # the loop's one wait for the device
-        broken[active] = ~ops.to_numpy(finite)
+        verdict = ops.to_numpy(xp.stack([finished, finite]))  # the loop's one wait for the device
+        done[active] = verdict[0]
+        broken[active] = ~verdict[1]
     return {"p": p, "chi2": chi2, "hessian": hessian, "iterations": iterations, "converged": done & ~broken,
             "broken": broken}
 
@@ -351,16 +356,19 @@ def reference_fit(prep: Prepared, flux: np.ndarray, weight: np.ndarray, p0: np.n
 # -- outlier clipping ---------------------------------------------------------------------------
 
 
-def outliers(resid: np.ndarray, used: np.ndarray) -> np.ndarray:
+def outliers(resid: Any, used: Any, ops: Any = None) -> Any:
     """Pixels to clip, (B, N) bool: ``|r| > CLIP_SIGMA * max(s, 1)`` among the used ones.
 
     ``r = sqrt(ivar) (flux - model)`` and ``s = 1.4826 * median |r|``, the spectrum's robust noise
     level in units of its stated noise: never below 1, so a spectrum is never clipped harder than its
     own ivar says, and a spectrum whose ivar understates the noise is clipped at its real noise.
+    On ``ops``' arrays (NumPy's by default), so a GPU batch is judged where it lives.
     """
-    size = np.where(used, np.abs(resid), np.nan)
-    scale = 1.4826 * np.nanmedian(size, axis=1)
-    limit = CLIP_SIGMA * np.maximum(np.nan_to_num(scale, nan=1.0), 1.0)
+    ops = NumpyOps() if ops is None else ops
+    xp = ops.xp
+    size = xp.abs(resid)
+    scale = 1.4826 * ops.nanmedian(xp.where(used, size, float("nan")))
+    limit = CLIP_SIGMA * xp.clip(xp.nan_to_num(scale, nan=1.0), 1.0, None)
     return used & (size > limit[:, None])
 
 
@@ -373,6 +381,10 @@ def fit_clipped(prep: Prepared, flux: Any, weight: Any, p0: Any, *, method: str,
     clipped set changed are refitted from their previous optimum. At most ``CLIP_ROUNDS`` refits;
     a round that changes nothing ends it. ``clipped`` counts each spectrum's clipped pixels,
     ``weight`` is the final weight (0 on clipped pixels), ``iterations`` sums the rounds.
+
+    The judging runs on the ops' device (only the rows that changed come back to the host), and
+    after the first round only the rows refitted in the last one are judged again: a row's verdict
+    depends on its parameters and its weight alone, and neither changed for the others.
     """
     ops = prep.ops
 
@@ -383,27 +395,32 @@ def fit_clipped(prep: Prepared, flux: Any, weight: Any, p0: Any, *, method: str,
         return lm_batch(prep, d, w, p, max_iter, tol, rows_dof)
 
     result = run(None, p0, weight, dof)
-    base, used = weight, ops.to_numpy(weight) > 0
-    clip = np.zeros(used.shape, dtype=bool)
-    root_w = ops.float64(base) ** 0.5
+    base, used = weight, weight > 0
+    clip = used & False  # nothing clipped yet, on the ops' device
+    n = len(dof)
+    rows = np.arange(n)  # the rows to judge this round: every one, then those refitted in the last round
     for _ in range(CLIP_ROUNDS):
-        model = evaluate(prep, result["p"], flux, weight).model  # the continuum as the last fit solved it
-        resid = ops.to_numpy(root_w * ops.float64(flux - model))
-        new = outliers(resid, used) & ~result["broken"][:, None]
-        redo = np.flatnonzero((new != clip).any(axis=1))
-        if redo.size == 0:
+        index = slice(None) if rows.size == n else ops.asint(rows)
+        model = evaluate(prep, result["p"][index], flux[index], weight[index]).model  # the continuum as fitted
+        resid = base[index] ** 0.5 * (flux[index] - model)
+        ok = ops.asarray(~result["broken"][rows], dtype=used.dtype)
+        new = outliers(resid, used[index], ops) & ok[:, None]
+        changed = np.flatnonzero(ops.to_numpy(ops.xp.any(new != clip[index], 1)))
+        if changed.size == 0:
             break
-        clip = new
-        weight = ops.xp.where(ops.asarray(clip, dtype=ops.torch.bool if ops.name == "torch" else bool),
-                              ops.asarray(0.0), base)
-        index = ops.asint(redo)
-        again = run(index, result["p"][index], weight[index], dof[redo] - clip[redo].sum(axis=1))
+        rows = rows[changed]
+        index = ops.asint(rows)
+        clip[index] = new[ops.asint(changed)]
+        weight = ops.xp.where(clip, ops.asarray(0.0), base)
+        clipped_rows = ops.to_numpy(ops.xp.sum(ops.float64(clip[index]), 1)).astype(np.int64)
+        again = run(index, result["p"][index], weight[index], dof[rows] - clipped_rows)
         for key in ("p", "chi2", "hessian"):
             result[key][index] = again[key]
-        result["iterations"][redo] += again["iterations"]
-        result["converged"][redo] = again["converged"]
-        result["broken"][redo] |= again["broken"]
-    result["clipped"], result["weight"] = clip.sum(axis=1), weight
+        result["iterations"][rows] += again["iterations"]
+        result["converged"][rows] = again["converged"]
+        result["broken"][rows] |= again["broken"]
+    result["clipped"] = ops.to_numpy(ops.xp.sum(ops.float64(clip), 1)).astype(np.int64)
+    result["weight"] = weight
     return result
 
 

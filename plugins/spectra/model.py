@@ -174,9 +174,10 @@ def check_spectra(spectra: Spectra) -> Spectra:
         raise ProblemError(f"spectra.ivar has shape {ivar.shape}: must be {flux.shape}, one row per spectrum of "
                            "spectra.flux (never broadcast)")
     flux, ivar = _as_float(flux), _as_float(ivar)
-    masked = np.ma.getmaskarray(spectra.flux) | np.ma.getmaskarray(spectra.ivar)
-    if masked.any():
-        ivar = np.where(masked, 0, ivar).astype(ivar.dtype)
+    if np.ma.isMaskedArray(spectra.flux) or np.ma.isMaskedArray(spectra.ivar):  # plain arrays: no pass over them
+        masked = np.ma.getmaskarray(spectra.flux) | np.ma.getmaskarray(spectra.ivar)
+        if masked.any():
+            ivar = np.where(masked, 0, ivar).astype(ivar.dtype)
     targetid = _real("spectra.targetid", spectra.targetid, 1, integer=True)
     if targetid.shape[0] != flux.shape[0]:
         raise ProblemError(f"spectra.targetid has shape {targetid.shape}: must have one entry per spectrum "
@@ -491,7 +492,7 @@ def shifted_templates(prep: Prepared, p: Any, jac: bool) -> Any:
     ops, xp = prep.ops, prep.ops.xp
     idx, w, dw = corners(prep, p[:, 2:6], jac)
     channels = ops.interpolate_exp(prep.table, idx, w, dw)  # (B, 1 or 5, P): F, F d ln F / d theta
-    half = kernel_half_width(float(xp.max(p[:, 1])), prep.step_kms)
+    half = kernel_half_width(ops.vsini_bound(p[:, 1]), prep.step_kms)
     kernel, dk = rotation_kernels(prep, p[:, 1], half, jac)
     kernel, dk = ops.cast(kernel), (ops.cast(dk) if jac else None)
     beta = p[:, 0] / C_KMS
@@ -557,12 +558,13 @@ def evaluate(prep: Prepared, p: Any, flux: Any, weight: Any, jac: bool = False,
     return Evaluation(chi2=chi2, coeffs=coeffs, model=model, hessian=hessian, gradient=gradient, jproj=jproj)
 
 
-def profile(prep: Prepared, shifted: Any, flux: Any, weight: Any, jac: bool, keep_jacobian: bool) -> Evaluation:
-    """The continuum solved linearly for the shifted templates, chi-square, and the projected normal equations."""
+def continuum_solve(prep: Prepared, template: Any, flux: Any, weight: Any) -> tuple[Any, Any, Any]:
+    """The continuum's (ridged) normal matrix (B, ncoef, ncoef), its coefficients (B, ncoef) and ``weight * template``.
+
+    From matrix products with the fixed basis: the (B, N, ncoef) design matrix (template x basis) is
+    never formed.
+    """
     ops, xp = prep.ops, prep.ops.xp
-    template = shifted[:, 0]
-    # the continuum's normal equations from matrix products with the fixed basis: the (B, N, ncoef)
-    # design matrix (template x basis) is never formed
     wt = weight * template
     ncoef = prep.basis.shape[1]
     gram = ops.float64((wt * template) @ prep.basis_outer).reshape(-1, ncoef, ncoef)
@@ -572,7 +574,14 @@ def profile(prep: Prepared, shifted: Any, flux: Any, weight: Any, jac: bool, kee
     empty = ops.float64(diagonal <= 0)
     scale = xp.sum(diagonal, 1) / ncoef + 1e-300
     gram = gram + eye[None] * (empty[:, None, :] + RIDGE * scale[:, None, None])
-    coeffs = ops.solve(gram, ops.float64((wt * flux) @ prep.basis))
+    return gram, ops.solve(gram, ops.float64((wt * flux) @ prep.basis)), wt
+
+
+def profile(prep: Prepared, shifted: Any, flux: Any, weight: Any, jac: bool, keep_jacobian: bool) -> Evaluation:
+    """The continuum solved linearly for the shifted templates, chi-square, and the projected normal equations."""
+    ops, xp = prep.ops, prep.ops.xp
+    template = shifted[:, 0]
+    gram, coeffs, wt = continuum_solve(prep, template, flux, weight)
     continuum = ops.cast(coeffs) @ prep.basis_t
     model = continuum * template
     resid = flux - model

@@ -11,6 +11,7 @@ template pixels around each resampled pixel), are methods here.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,16 @@ class NumpyOps:
 
     def maximum(self, a, b):
         return np.maximum(a, b)
+
+    def vsini_bound(self, vsini: Any) -> float:
+        """The largest vsini of a batch, on the host: it sizes the batch's rotation kernels (a wait for a device)."""
+        return float(self.xp.max(vsini))
+
+    def nanmedian(self, x: np.ndarray) -> np.ndarray:
+        """The median of each row's values that are not NaN (NaN for a row of NaN)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # "All-NaN slice": a row without a usable pixel
+            return np.nanmedian(x, axis=1)
 
     # -- the hot loops --
     def interpolate(self, table: np.ndarray, idx: np.ndarray, w: np.ndarray, dw: np.ndarray | None) -> np.ndarray:
@@ -193,6 +204,16 @@ class TorchOps(NumpyOps):
         if not isinstance(b, torch.Tensor):
             return torch.clamp_min(a, b)  # a number stays on the host: no copy to the device per call
         return torch.maximum(a, b)
+
+    def nanmedian(self, x):
+        # numpy's rule (the mean of the two middle values for an even count), not torch.nanmedian's
+        # lower middle value, so that every backend clips the same pixels: NaN sorts last
+        torch = self.torch
+        count = torch.sum(~torch.isnan(x), 1, keepdim=True)
+        ordered = torch.sort(x, 1).values
+        low = torch.gather(ordered, 1, torch.clamp((count - 1) // 2, min=0))
+        high = torch.gather(ordered, 1, torch.clamp(count // 2, max=x.shape[1] - 1))
+        return torch.where(count > 0, (low + high) / 2, torch.nan)[:, 0]
 
     def interpolate(self, table, idx, w, dw, rows_per_chunk: int = 256):
         # gather the 16 corner rows of a chunk of spectra and contract them with one batched matmul:

@@ -5,7 +5,8 @@
   NumPy arrays with Numba's hot loops, threaded over spectra or not (a
   parallel region's wake-up outweighs a small batch's work: measured, not guessed);
 - ``torch``: the same batched fit on the GPU, every spectrum and iteration on
-  the device (the templates stay there between calls);
+  the device (the templates stay there between calls); ``torch:fused`` with
+  the model's two template kernels fused in Triton (``triton_kernels.py``);
 - ``process`` (and any backend with a ``map``): chunks of spectra as tasks
   through ``core.tasks.map_tasks``, each fitted by the numba path.
 """
@@ -120,15 +121,42 @@ def device_table(library: TemplateLibrary, ops: TorchOps) -> Any:
     return _DEVICE_TABLES[key]
 
 
-def solve_torch(problem: SpectraProblem, device: Any = None) -> dict[str, np.ndarray]:
-    """The batched fit on the torch backend's GPU (``device`` overrides it: ``"cpu"`` in development)."""
+def fused_unsupported(problem: SpectraProblem | None = None) -> str:
+    """Why the Triton kernels (``torch:fused``) cannot run here ("" when they can): Triton, then CUDA."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not installed"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "the Triton spectrum kernels need a CUDA device"
+    return ""
+
+
+def supports(problem: SpectraProblem, implementation: str) -> str:
+    return fused_unsupported(problem) if implementation == "torch:fused" else ""
+
+
+def solve_torch(problem: SpectraProblem, device: Any = None, fused: bool = False) -> dict[str, np.ndarray]:
+    """The batched fit on the torch backend's GPU (``device`` overrides it: ``"cpu"`` in development).
+
+    ``fused``: the model's interpolation and broadening-and-read as Triton kernels
+    (:mod:`plugins.spectra.triton_kernels`) instead of eager torch operations.
+    """
+    if fused and fused_unsupported(problem):
+        raise ValueError(f"the fused spectrum kernels cannot run here: {fused_unsupported(problem)}")
+    if fused:
+        from plugins.spectra.triton_kernels import TritonOps as make_ops
+    else:
+        make_ops = TorchOps
     if device is None:
         from core.backends.torch_gpu import device as gpu
         from core.backends.torch_gpu import synchronize
 
-        ops = TorchOps(gpu())
+        ops = make_ops(gpu())
     else:
-        ops, synchronize = TorchOps(device), (lambda: None)
+        ops, synchronize = make_ops(device), (lambda: None)
     library = problem.library()
     out = _solve(problem, ops, "lm", table=device_table(library, ops))
     synchronize()
