@@ -26,6 +26,7 @@ from core.costmodel.race import (
     band_of,
     in_the_loops_conditions,
     learnt_nothing,
+    model_missed,
     next_step,
     settled_step,
     settles,
@@ -191,7 +192,14 @@ def _next(spec: SolverSpec, decision: Plan, race: Any, expected_calls: float | N
     calls_left = expected_calls - race.calls if expected_calls is not None else race.calls + 1
     # a trial's replans are priced from call 2 on: a first call never tries (race.next_step)
     replanning = current().replanning_seconds(spec) if race.calls else 0.0
-    return next_step(estimated, race, decision.backend, calls_left, _owed(decision), replanning)
+    return next_step(estimated, race, decision.backend, calls_left, _owed(decision), replanning,
+                     _missed(decision, race))
+
+
+def _missed(decision: Plan, race: Any) -> list[str]:
+    """The contenders whose runs here lie above their model's whole band (race.model_missed)."""
+    return [key for key, p in decision.predictions.items() if race.warm.get(key) and p.model_seconds
+            and model_missed((p.model_seconds, p.model_error or 0.0), race.warm[key])]
 
 
 def _contenders(decision: Plan) -> dict[str, Any]:

@@ -31,6 +31,7 @@ class Prediction:
     # aside: a lone run above the model's band, until a second confirms it)
     samples: int = 0
     model_seconds: float | None = None  # the model's own prediction, before any run of this problem
+    model_error: float | None = None  # ... and its relative error (race.model_missed weighs runs against it)
 
 
 @dataclass(frozen=True)

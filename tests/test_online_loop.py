@@ -233,6 +233,33 @@ def test_call_3_tries_the_contender_an_incumbent_far_off_its_model_holds_back():
     assert _next(in_range, race).implementation == "a"  # the loop's conditions, likelier than b's model
 
 
+def test_call_3_tries_the_contender_when_the_incumbents_own_model_missed():
+    """Two agreeing runs (in the models' terms) above the incumbent's model's whole band: its model, not the
+    loop's conditions, is in doubt, so the contender kept from the lead by rule 3 is tried on call 3 even in
+    range; a lone slow run, or runs within the band, keep the incumbent."""
+    guesses = {"a": (1.0, 0.15), "b": (1.2, 0.35)}  # both in range: b's model is 20 % slower
+    race = _race(calls=2)
+    race.leader = "a"
+    race.warm["a"] = [2.0, 2.05]  # call 2's run, confirmed in the same call
+    assert race_rule.model_missed(guesses["a"], race.warm["a"])
+    estimated = bands(guesses, race)
+    assert estimated["b"].high > estimated["a"].centre > estimated["a"].low > estimated["b"].centre
+    assert next_step(estimated, race, "a", math.inf).implementation == "a"  # rule 3 alone keeps a
+    step = next_step(estimated, race, "a", math.inf, missed=["a"])
+    assert step.implementation == "b" and step.explore
+    assert not race_rule.model_missed(guesses["a"], [2.0])  # one run: unconfirmed
+    assert not race_rule.model_missed(guesses["a"], [1.3, 1.32])  # inside the band (1.0 * e^0.3)
+    # a step reused unplanned tells the same (keeps_the_incumbent): the contender would be tried
+    own = race_rule.estimate(guesses["a"], race.warm["a"])
+    models = {"a": 1.0, "b": 1.2}
+    one = {"a": "x", "b": "y"}
+    plain = {"a": race_rule.band_of(1.0, 0.15, 0), "b": race_rule.band_of(1.2, 0.35, 0)}
+    assert not race_rule.keeps_the_incumbent(own, plain, models, one, race, "a", 0.15)
+    race.warm["a"] = [1.3, 1.32]
+    assert race_rule.keeps_the_incumbent(race_rule.estimate(guesses["a"], race.warm["a"]), plain, models, one,
+                                         race, "a", 0.15)
+
+
 def test_a_trial_must_pay_for_itself_within_the_calls_already_run():
     # b is likely slower (1.2 against 1.0) but uncertain: its expected saving per call is small
     guesses = {"a": (1.0, 0.1), "b": (1.2, 0.3)}

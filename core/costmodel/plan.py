@@ -127,20 +127,21 @@ def _model_prediction(spec: SolverSpec, problem: Any, key: str,
     if status != "calibrated":
         error = max(error, EXTRAPOLATED_ERROR)
     seconds = max(seconds, 0.0)
-    return Prediction(seconds, status, 0.0, error, 0, seconds), fitted
+    return Prediction(seconds, status, 0.0, error, 0, seconds, error), fitted
 
 
 def _with_runs(model: Prediction, warm: Sequence[float], one_off: float) -> Prediction:
     """The model's prediction with this process's unpaid one-off, and with warm runs of this problem if any."""
     if not warm:  # the model's own where nothing is owed (a Prediction is immutable): each costs a plan 1-2 us
         return model if one_off == model.one_off_seconds else Prediction(
-            model.seconds, model.status, one_off, model.error, model.samples, model.seconds)
+            model.seconds, model.status, one_off, model.error, model.samples, model.seconds, model.error)
     # the model and the runs together (core.costmodel.race)
     guess = (max(model.seconds, 1e-12), model.error) if model.seconds is not None else None
     band = estimate(guess, list(warm))
     if not band.samples and model.seconds is not None:  # the runs set aside (race.estimate): the model's alone
-        return Prediction(model.seconds, model.status, one_off, model.error, 0, model.seconds)
-    return Prediction(band.centre, "measured", one_off, relative_error(band), band.samples, model.seconds)
+        return Prediction(model.seconds, model.status, one_off, model.error, 0, model.seconds, model.error)
+    return Prediction(band.centre, "measured", one_off, relative_error(band), band.samples, model.seconds,
+                      model.error)
 
 
 @dataclass(frozen=True)
