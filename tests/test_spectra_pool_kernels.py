@@ -21,16 +21,27 @@ def _readonly_signature(dispatcher) -> bool:
     return any(getattr(arg, "mutable", True) is False for signature in dispatcher.signatures for arg in signature)
 
 
-def test_both_kernel_variants_are_compiled_for_read_only_inputs_once_per_process(monkeypatch):
-    library = named_library("small")
-    spectra = synthetic_spectra(library, numba_kernels.PARALLEL_FROM + 2, snr=30, seed=3)
-    shared = {"wave": np.asarray(spectra.wave), "arm": np.asarray(spectra.arm), "flux": np.asarray(spectra.flux),
-              "ivar": np.asarray(spectra.ivar), "targetid": np.asarray(spectra.targetid)}
-    job = (0, len(spectra), "small", 3, 20, 1e-6, spectra.arm_names)
+def _batch(n: int, seed: int) -> tuple[object, dict[str, np.ndarray]]:
+    """``n`` spectra on the small grid, and the arrays solve_parallel shares with its workers."""
+    spectra = synthetic_spectra(named_library("small"), n, snr=30, seed=seed)
+    return spectra, {"wave": np.asarray(spectra.wave), "arm": np.asarray(spectra.arm),
+                     "flux": np.asarray(spectra.flux), "ivar": np.asarray(spectra.ivar),
+                     "targetid": np.asarray(spectra.targetid)}
+
+
+def _recording_chunks(monkeypatch) -> list[tuple]:
+    """A fresh process's state, and the chunk tasks compile_worker_kernels fits from now on."""
     monkeypatch.setattr(solve, "_WORKER_KERNELS_READY", [])
-    fitted = []
+    fitted: list[tuple] = []
     real = solve.fit_chunk
     monkeypatch.setattr(solve, "fit_chunk", lambda task, views, seed: fitted.append(task) or real(task, views, seed))
+    return fitted
+
+
+def test_both_kernel_variants_are_compiled_for_read_only_inputs_once_per_process(monkeypatch):
+    spectra, shared = _batch(numba_kernels.PARALLEL_FROM + 2, 3)
+    job = (0, len(spectra), "small", 3, 20, 1e-6, spectra.arm_names)
+    fitted = _recording_chunks(monkeypatch)
     solve.compile_worker_kernels(job, shared)
     assert sorted(stop - start for start, stop, *_ in fitted) == [1, numba_kernels.PARALLEL_FROM]
     assert all(task[4] == 1 for task in fitted)  # one iteration each: enough to call every kernel
@@ -45,13 +56,7 @@ def test_both_kernel_variants_are_compiled_for_read_only_inputs_once_per_process
 
 @pytest.mark.parametrize("n", [1, 3])
 def test_a_batch_smaller_than_a_parallel_chunk_compiles_what_it_can(monkeypatch, n):
-    library = named_library("small")
-    spectra = synthetic_spectra(library, n, snr=30, seed=4)
-    shared = {"wave": np.asarray(spectra.wave), "arm": np.asarray(spectra.arm), "flux": np.asarray(spectra.flux),
-              "ivar": np.asarray(spectra.ivar), "targetid": np.asarray(spectra.targetid)}
-    monkeypatch.setattr(solve, "_WORKER_KERNELS_READY", [])
-    fitted = []
-    real = solve.fit_chunk
-    monkeypatch.setattr(solve, "fit_chunk", lambda task, views, seed: fitted.append(task) or real(task, views, seed))
+    spectra, shared = _batch(n, 4)
+    fitted = _recording_chunks(monkeypatch)
     solve.compile_worker_kernels((0, n, "small", 3, 20, 1e-6, spectra.arm_names), shared)
     assert sorted(stop - start for start, stop, *_ in fitted) == sorted({1, n})

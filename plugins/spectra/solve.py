@@ -201,10 +201,7 @@ def compile_worker_kernels(job: tuple, shared: Mapping[str, np.ndarray]) -> None
 
     if _WORKER_KERNELS_READY:
         return
-    views = {}
-    for name, array in shared.items():
-        views[name] = np.asarray(array).view()
-        views[name].setflags(write=False)
+    views = tasks.readonly_views(shared)
     start, _, grid, degree, _, tol, names = job
     available = len(views["flux"]) - start
     for count in sorted({1, min(PARALLEL_FROM, available)}):
