@@ -149,7 +149,7 @@ def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[s
     # numpy's FP solve took 0.37 s while numba loaded beside it, 0.16 s alone, and as a warm sample it cost
     # a confirming run and moved the loop
     contended = overlapped or warming()
-    planner.observe(spec, implementation, problem, sample, outputs, cold or contended, nominal, first_touch)
+    planner.observe(spec, implementation, problem, sample, outputs, cold or contended, nominal, first_touch, model)
     if not (cold or contended or first_touch):
         planner.note_loop_run(spec.name, implementation, sample, model)
     if first and not contended and (fitted := planner.model(spec, implementation)) is not None:

@@ -111,6 +111,18 @@ def test_a_rank_deficient_design_is_reported_and_handled(clean):
     assert model.predict({"n": 5_000.0, "m": 100.0})[1] is True
 
 
+def test_a_feature_zero_in_every_sample_is_dropped_without_a_warning(clean):
+    """A cost that no calibrated problem reached (a cache spill past the largest one) lent no time to the
+    other features: dropped, and predictions where it moves are extrapolated, with nothing to warn of."""
+    spill = lambda p: {"n": float(p.n), "m": float(p.m), "spilled": max(0.0, p.n - 1e6)}  # noqa: E731
+    (spec,) = _install(_spec("synthetic.unspilled", {"serial": _echo}, features=spill))
+    _calibrate(spec, "serial", lambda p: 1e-3 + 1e-6 * p.n + 1e-4 * p.m, GRID)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IdentifiabilityWarning)
+        model = history.model(spec, "serial")
+    assert model.undetermined == ("spilled",)
+    assert model.predict({"n": 5e6, "m": 10.0, "spilled": 4e6})[1] is True
+
 def test_a_one_sample_fit_is_never_calibrated(clean):
     model = fit([Sample({"n": 100.0, "m": 10.0}, 0.01)])
     assert not model.calibrated and model.status == "uncalibrated"

@@ -59,9 +59,11 @@ REFIT_AFTER = 8  # new solve samples that make a pair's model refit (or a quarte
 WORK_NEIGHBOURS = 5  # observed problems whose work-done ratio predicts a new problem's
 WORK_KEEP = 400  # work observations kept per solver
 PLANNING_KEPT = 8  # replanning times kept per solver (Planner.note_planning)
-LOOP_RUNS_KEPT = 9  # a loop's warm runs over their models kept per implementation (Planner.loop_factor)
+LOOP_RUNS_KEPT = 15  # a loop's warm runs over their models kept per implementation (Planner.loop_factor)
 LOOP_RUNS_NEEDED = 3  # ... before their median is taken as the loop's conditions
 LOOP_FACTOR_RANGE = (0.5, 4.0)  # ... within these bounds
+LOOP_SCALE = 4.0  # a run whose model lay this factor from a problem's weighs 1/e in that problem's loop factor
+LOOP_PRIOR = 1.0  # ... against one run's weight for no loop conditions at all (factor 1): runs at other scales
 
 
 T = TypeVar("T")
@@ -84,8 +86,11 @@ class ProcessFacts:
     # what planning a known problem again took, by solver (Planner.note_planning): a fact of the host
     planning: dict[str, list[float]] = field(default_factory=dict)
     first_planning: dict[str, list[float]] = field(default_factory=dict)  # and planning a new one
-    # warm runs in loops over their models' predictions, by (solver, implementation) (Planner.loop_factor)
-    loop_runs: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    # warm runs in loops, (model's prediction, run over it), by (solver, implementation) (Planner.loop_factor)
+    loop_runs: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
+    # the undetermined features already reported, by (solver, implementation, features): a fact of the process,
+    # so evaluate's fresh planners (one a problem) do not say it again
+    warned: set[tuple[str, str, tuple]] = field(default_factory=set)
 
 
 def problem_key(features: Mapping[str, float]) -> tuple:
@@ -160,7 +165,6 @@ class Planner:
         self._races: dict[tuple[str, tuple], Race] = {}
         self._work: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {}
         self._work_names: dict[str, set[tuple[str, ...]]] = {}  # the field names each solver's table was made for
-        self._warned: set[tuple[str, str, tuple]] = set()
         self._retaken: set[tuple[str, str]] = set()
         self._pending: list[tuple[str, str, str, dict[str, Any]]] = []
         self._last_flush = 0.0
@@ -210,7 +214,7 @@ class Planner:
             self._races.clear()
             self._work.clear()
             self.views.clear()
-            self._warned.clear()
+            self.process.warned.clear()
             self._retaken.clear()
             self._pending.clear()
             self.process.started.clear()
@@ -340,11 +344,15 @@ class Planner:
         return _shared(_CALIBRATION_FITS, key, on_samples)
 
     def _report_undetermined(self, spec: SolverSpec, implementation: str, fitted: CostModel) -> None:
-        key = (spec.name, implementation, fitted.undetermined)
-        if fitted.undetermined and key not in self._warned:
-            self._warned.add(key)
+        # a feature that was 0 in every sample (a cache spill no calibrated problem reached: the H200 host's
+        # 300 MiB cache) lent no time to the others, and where a problem moves it the prediction is marked
+        # extrapolated anyway: no news. Said once per fit, it filled an H200 evaluation's log with 84 warnings
+        moved = tuple(name for name in fitted.undetermined if fitted.ranges.get(name) != (0.0, 0.0))
+        key = (spec.name, implementation, moved)
+        if moved and key not in self.process.warned:
+            self.process.warned.add(key)
             warnings.warn(f"cost model of {spec.name} on {implementation}: the samples cannot determine "
-                          f"{', '.join(repr(n) for n in fitted.undetermined)} (it moved only with other features); "
+                          f"{', '.join(repr(n) for n in moved)} (it moved only with other features); "
                           "dropped from the fit, and predictions off the measured span are marked extrapolated",
                           IdentifiabilityWarning, stacklevel=4)
 
@@ -529,10 +537,10 @@ class Planner:
             return
         with self._lock:
             kept = self.process.loop_runs.setdefault((solver, implementation), [])
-            kept.append(seconds / model)
+            kept.append((model, seconds / model))
             del kept[:-LOOP_RUNS_KEPT]
 
-    def loop_factor(self, solver: str, implementation: str) -> float:
+    def loop_factor(self, solver: str, implementation: str, model: float | None = None) -> float:
         """How much slower than its model an implementation runs in this process's loops (1 until known).
 
         The models are fitted on back-to-back runs (calibration); a loop's
@@ -557,17 +565,29 @@ class Planner:
         with the leader's factor known and a sibling's taken as 1, the
         sibling looked faster than every run of the leader and a settled
         loop planned in full on every call.
+
+        The conditions are costs of a call more than of its work (threads to
+        wake, a wall-clock path, caches to refill), so they weigh less the
+        longer the run: ``model`` (the problem's model prediction) weighs each
+        kept run by how near its own model lay (:func:`scale_weighted_factor`),
+        against no conditions at all. On the H200 host linreg's torch:graph
+        ran its sub-millisecond loops at 1.5-2.6x the back-to-back time, its
+        19 ms ones at 0.95-1.0x: taken at 1.5x there, a 19 ms run counted as
+        12.7, under numba:threads' model, and the loop kept torch:graph for
+        its third call, 48 % slower than numba:threads.
         """
         kept = self.process.loop_runs.get((solver, implementation))
         if not kept or len(kept) < LOOP_RUNS_NEEDED:
             family = backend_of(implementation)
-            kept = [ratio for (name, key), runs in list(self.process.loop_runs.items())
+            kept = [run for (name, key), runs in list(self.process.loop_runs.items())
                     if name == solver and len(runs) >= LOOP_RUNS_NEEDED and backend_of(key) == family
-                    for ratio in runs]
+                    for run in runs]
             if not kept:
                 return 1.0
         low, high = LOOP_FACTOR_RANGE
-        return min(high, max(low, _median(kept)))
+        factor = (_median([ratio for _, ratio in kept]) if model is None or not model > 0
+                  else scale_weighted_factor(kept, model))
+        return min(high, max(low, factor))
 
     def replanning_seconds(self, spec: SolverSpec) -> float:
         """What a trial's replans cost: the median of the latest times to plan a known problem again; before
@@ -613,17 +633,18 @@ class Planner:
 
     def observe(self, spec: SolverSpec, implementation: str, problem: Any, seconds: float,
                 outputs: Mapping[str, Any] | None, cold: bool, nominal: Mapping[str, float] | None = None,
-                first_touch: bool = False) -> None:
+                first_touch: bool = False, model: float | None = None) -> None:
         """Learn from one solve: the loop's estimate for this problem, and (if warm) the model's history.
 
         ``first_touch``: the first run on this problem in this planner, which
         paid what later runs do not (its arrays' first pages, cold caches): the
-        model's history keeps it, the loop's estimate does not.
+        model's history keeps it, the loop's estimate does not. ``model``: the
+        plan's model-alone prediction for the run (its loop factor's scale).
         """
         nominal = spec.features(problem) if nominal is None else nominal
         # in the models' terms: a run over this process's loop factor (loop_factor), so that runs and models
         # of different implementations compare as the back-to-back runs that calibrated them
-        self.race(spec, nominal).add(implementation, seconds / self.loop_factor(spec.name, implementation),
+        self.race(spec, nominal).add(implementation, seconds / self.loop_factor(spec.name, implementation, model),
                                      cold or first_touch)
         if not cold:  # a call that paid a one-off would bias the steady-state model
             self.record_solve(spec, implementation,
@@ -765,6 +786,22 @@ def _log_row(fields: Mapping[str, float], names: tuple[str, ...]) -> list[float]
     missing = len(names) - sum(present)
     own = math.inf if missing == len(names) else missing + sum(value * value for value in logs if value is not None)
     return [value or 0.0 for value in logs] + present + [own]
+
+
+def scale_weighted_factor(runs: list[tuple[float, float]], model: float) -> float:
+    """The weighted median of the runs' factors (``(model, run over model)`` pairs) for a problem modelled at
+    ``model`` seconds: a run weighs ``exp(-(ln(its model / model) / ln LOOP_SCALE) ** 2)``, and a factor of 1
+    weighs :data:`LOOP_PRIOR`, so runs near the problem's scale decide it and runs far off leave it at 1."""
+    scale = math.log(LOOP_SCALE)
+    weighted = [(1.0, LOOP_PRIOR)] + [(ratio, math.exp(-(math.log(seen / model) / scale) ** 2))
+                                      for seen, ratio in runs if seen > 0]
+    weighted.sort()
+    half, total = sum(weight for _, weight in weighted) / 2, 0.0
+    for ratio, weight in weighted:
+        total += weight
+        if total >= half:
+            return ratio
+    return weighted[-1][0]
 
 
 def _median(values: list[float]) -> float:
