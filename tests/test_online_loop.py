@@ -946,3 +946,17 @@ def test_a_frozen_problems_fields_are_kept_on_it_and_a_mutable_ones_are_read_eac
         planning.numeric_key(frozen)
     mutable.n = 7
     assert planning.numeric_key(mutable) == (("n", 7.0),)
+
+
+def test_a_first_run_under_the_pick_s_model_bounds_it_for_call_2_s_trial(clean):
+    """The pick's first call runs 20 ms against its model's 32 (a first call pays more than a warm one, never
+    less), so a contender modelled, and running, at 33 ms is no trial worth making on call 2 (the VM's linreg
+    at 7.7M samples: numba:serial tried against numba:threads' model, 1.31x the calls naming the best)."""
+    (spec,) = _install(_spec("synthetic.first_run_bound", {"serial": _sleeper(20e-3), "device": _sleeper(33e-3)}))
+    # calibrations that scatter by 25 % either way: models with a realistic error, so the trial is a close call
+    scatter = lambda p: 1.25 if (p.n // 10 + p.m) % 2 else 0.8  # noqa: E731
+    _calibrate(spec, "serial", lambda p: 32e-3 * scatter(p), GRID)
+    _calibrate(spec, "device", lambda p: 33e-3 * scatter(p), GRID)
+    used = _loop_of_three(spec, 2_000)
+    assert [r.backend for r in used] == ["serial"] * 3, [r.diagnostics["step"] for r in used]
+    assert not any(r.diagnostics["explored"] for r in used)

@@ -571,7 +571,8 @@ def first_trial(finite: Mapping[str, Band], race: Race, first: str, calls_left: 
     H200 host numba:threads fitted 16 spectra in 40 ms where torch took 28
     (39 % regret), and the process backend solved a common-noise problem in
     7.1 ms where numba took 5.5 (30 %). A contender with an unpaid one-off
-    is not tried here: its run would be cold and teach nothing. The trial
+    is not tried here: its run would be cold and teach nothing. A first
+    run under the pick's model bounds it (:func:`bounded_by_its_first_run`). The trial
     also costs two full plans (``replanning`` each: this call's and the
     next's), which a loop that tries nothing skips (:func:`confirmed_by_its_runs`):
     on the VM, trials between linreg's numba variants tied at 30 us by
@@ -579,11 +580,29 @@ def first_trial(finite: Mapping[str, Band], race: Race, first: str, calls_left: 
     """
     if race.calls < 1 or not exploring_call(race.calls + 1) or race.explored >= EXPLORE_AT_MOST or first not in finite:
         return None
-    top = finite[first]
+    top = bounded_by_its_first_run(finite[first], race.cold.get(first))
     horizon = payback_calls(calls_left, race.calls)
     worth = [key for key in finite if key != first and not owed.get(key)
              and worth_trying(finite[key], top, horizon, 2 * replanning)]
     return max(worth, key=lambda key: expected_gain(finite[key], top), default=None)
+
+
+def bounded_by_its_first_run(band: Band, cold: list[float] | None) -> Band:
+    """The pick's estimate for call 2's trial, capped by its first run where that ran under it.
+
+    A first call is no warm sample: it pays what later ones do not (the
+    problem's first touch, a one-off), never less. So a first run under
+    the pick's model bounds its warm time, as a trial under its model
+    scales its family (:func:`in_the_loops_conditions`): on the VM a linreg
+    fit's numba:threads, modelled at 32 ms at the top of the quick space,
+    ran its first call in 20.5 ms, and call 2 tried numba:serial (modelled
+    and measured at 39 ms) against the model: 1.31x the calls naming the
+    best.
+    """
+    if not cold or not 0 < min(cold) < band.centre:
+        return band
+    scale = min(cold) / band.centre
+    return Band(band.centre * scale, band.low * scale, band.high * scale, band.samples)
 
 
 def next_step(estimated: Mapping[str, Band], race: Race, first: str, calls_left: float,
