@@ -960,3 +960,14 @@ def test_a_first_run_under_the_pick_s_model_bounds_it_for_call_2_s_trial(clean):
     used = _loop_of_three(spec, 2_000)
     assert [r.backend for r in used] == ["serial"] * 3, [r.diagnostics["step"] for r in used]
     assert not any(r.diagnostics["explored"] for r in used)
+
+
+def test_a_prediction_is_judged_against_the_median_of_the_truth_s_rounds():
+    """A model predicts a calibration sample, one round's median; the best of three rounds is the speed that
+    regret compares, and sits below the typical round wherever the host is noisy."""
+    from core.costmodel.evaluate import EvaluationRow
+
+    row = EvaluationRow(size=1.0, params={}, seconds={"a": 0.9e-4, "b": 2e-4}, chosen="a", best="a", regret=0.0,
+                        predicted={"a": (2e-4, "calibrated")}, typical_seconds={"a": 1.1e-4, "b": 2e-4})
+    assert row.measured_over_predicted == pytest.approx(0.55)
+    assert dataclasses.replace(row, typical_seconds={}).measured_over_predicted == pytest.approx(0.45)

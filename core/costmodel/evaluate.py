@@ -13,7 +13,7 @@ calibration never measured, plus a few beyond the top of its size axis
 2. **The truth.** Then every runnable implementation is timed warm on
    every problem (the best of three rounds, each round across all the
    problems, so one implementation's rounds on a problem lie seconds
-   apart: :func:`best_of_rounds`).
+   apart: :func:`timed_rounds`).
 
 Synthetic inputs are generated before the loop (:func:`hold_inputs`), as a
 user holds their data before the first call. It reports, per problem: each
@@ -73,6 +73,9 @@ class EvaluationRow:
     best_call_seconds: list[float] = field(default_factory=list)
     # the problem those calls ran: a fresh copy of this one, or its twin where the best compiles per shape (fresh_twin)
     best_call_params: dict[str, Any] = field(default_factory=dict)
+    # each implementation's median over the truth's rounds (``seconds`` holds the best round): what calibration
+    # measures, a round's median, taken as typical rather than best (timed_rounds)
+    typical_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def call_regrets(self) -> list[float]:
@@ -106,9 +109,15 @@ class EvaluationRow:
 
     @property
     def measured_over_predicted(self) -> float:
-        """The models' pick: its warm time over what the plan predicted for it."""
+        """The models' pick: its warm time over what the plan predicted for it.
+
+        The warm time is the median of the truth's rounds where kept: a
+        model predicts a round's median, as calibration measured it, and
+        the best of three rounds sits below that by the host's noise.
+        """
         predicted = self.predicted.get(self.chosen, (None, ""))[0]
-        return self.seconds[self.chosen] / predicted if predicted else math.nan
+        measured = self.typical_seconds.get(self.chosen, self.seconds[self.chosen])
+        return measured / predicted if predicted else math.nan
 
     def to_dict(self) -> dict[str, Any]:
         return {**vars(self), "call_regrets": self.call_regrets, "final": self.final,
@@ -203,9 +212,10 @@ def settle(spec: Any, keys: list[str], problem: Any) -> None:
         current().mark_paid(spec, key, problem)  # its compile is paid in this process: a fact for every planner
 
 
-def best_of_rounds(spec: Any, cases: list[tuple[Any, list[str]]], repeats: int,
-                   rounds: int = ROUNDS) -> list[dict[str, float]]:
-    """Each case's implementations' times: for each, the best of ``rounds`` rounds of :func:`measure`.
+def timed_rounds(spec: Any, cases: list[tuple[Any, list[str]]], repeats: int,
+                 rounds: int = ROUNDS) -> list[dict[str, list[float]]]:
+    """Each case's implementations' times in each of ``rounds`` rounds of :func:`measure`: the best round is
+    an implementation's speed.
 
     A round is a warm-up and the median of several runs (tens of ms). Round
     ``r`` of every case and implementation runs before round ``r + 1`` of
@@ -215,15 +225,17 @@ def best_of_rounds(spec: Any, cases: list[tuple[Any, list[str]]], repeats: int,
     and the best round is the implementation's speed. Alone, one round each
     made two implementations running the same code differ by up to 68 % on
     that VM. Each round's warm-up absorbs what the previous implementation
-    left behind (spinning threads, a cold cache).
+    left behind (spinning threads, a cold cache). A round's median is what
+    calibration measures too, so the rounds' median is what a prediction is
+    judged against (:attr:`EvaluationRow.measured_over_predicted`).
     """
-    best = [dict.fromkeys(keys, math.inf) for _, keys in cases]
+    found: list[dict[str, list[float]]] = [{key: [] for key in keys} for _, keys in cases]
     for _ in range(rounds):
-        for (problem, keys), times in zip(cases, best):
+        for (problem, keys), times in zip(cases, found):
             for key in keys:
-                times[key] = min(times[key], measure(spec, key, problem, repeats)[1])
+                times[key].append(measure(spec, key, problem, repeats)[1])
                 current().mark_paid(spec, key, problem)
-    return best
+    return found
 
 
 def primer(spec: Any, quick: bool) -> Any:
@@ -459,7 +471,7 @@ def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, r
     """The loops first, every problem's; then the truth for all of them at once; then the calls naming the best.
 
     The truth's rounds run across every problem (round ``r`` of each before
-    round ``r + 1`` of any, :func:`best_of_rounds`), so one implementation's
+    round ``r + 1`` of any, :func:`timed_rounds`), so one implementation's
     rounds on a problem lie seconds apart: on the 2-core VM a two-thread
     kernel ran up to 4x slow for stretches that outlasted three rounds taken
     one after another (a 0.14 ms numba:threads run timed at 0.57 ms in all
@@ -480,8 +492,8 @@ def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, r
         settle(spec, [key for key in runnable if key not in settled], problem)
         settled.update(runnable)
         cases.append((problem, runnable))
-    truths = best_of_rounds(spec, cases, repeats)
-    for problem, (decision, results, walls), seconds in zip(problems, loops, truths):
+    for problem, (decision, results, walls), rounds in zip(problems, loops, timed_rounds(spec, cases, repeats)):
+        seconds = {key: min(times) for key, times in rounds.items()}
         best = min(seconds, key=seconds.get)
         # the user who knew the answer: the same calls naming it from the same state, with no loop to run
         baseline = fresh_twin(spec, problem, best, fields)
@@ -497,7 +509,8 @@ def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, r
             calls=[r.backend for r in results], call_seconds=walls, call_kernel_seconds=[r.seconds for r in results],
             explored=[bool(r.diagnostics.get("explored")) for r in results],
             steps=[str(r.diagnostics.get("step", "")) for r in results], best_call_seconds=best_walls,
-            best_call_params=_params(baseline, fields)))
+            best_call_params=_params(baseline, fields),
+            typical_seconds={key: statistics.median(times) for key, times in rounds.items()}))
         if shown is not None:
             shown.advance()
     return report
