@@ -30,9 +30,14 @@ def test_gpu_fit_agrees_with_the_numba_fit_within_a_small_fraction_of_sigma():
 
 
 def _ops(variant: str):
-    """The eager torch operations, or the Triton ones of ``torch:fused`` (imported only where it is asked for)."""
+    """The eager torch operations, or the Triton ones of ``torch:fused`` or ``torch:graph`` (imported only where
+    it is asked for)."""
     import torch
 
+    if variant == "graph":
+        from plugins.spectra.triton_kernels import GraphOps
+
+        return GraphOps(torch.device("cuda"))
     if variant == "fused":
         from plugins.spectra.triton_kernels import TritonOps
 
@@ -40,7 +45,7 @@ def _ops(variant: str):
     return TorchOps(torch.device("cuda"))
 
 
-@pytest.mark.parametrize("variant", ["eager", "fused"])
+@pytest.mark.parametrize("variant", ["eager", "fused", "graph"])
 def test_gpu_accuracy_at_snr_20_on_500_spectra(variant):
     stats = accuracy_run(named_library("small"), 500, 20.0, _ops(variant), seed=77)
     assert stats["fitted"] >= 495, stats
@@ -53,7 +58,7 @@ def test_fused_kernels_give_the_eager_model_to_float32_rounding():
     import torch
 
     from plugins.spectra.model import arm_wavelengths, prepare, shifted_templates
-    from plugins.spectra.triton_kernels import TritonOps
+    from plugins.spectra.triton_kernels import GraphOps, TritonOps
 
     library = named_library("small")
     rng = np.random.default_rng(8)
@@ -63,13 +68,14 @@ def test_fused_kernels_give_the_eager_model_to_float32_rounding():
     p[:4, 0], p[:4, 1] = [-1000.0, 1000.0, 0.0, 5.0], [0.0, 300.0, 0.2, 15.0]  # the bounds, a delta kernel
     wave, arm = arm_wavelengths()
     models = []
-    for ops in (TorchOps(torch.device("cuda")), TritonOps(torch.device("cuda"))):
+    for ops in (TorchOps(torch.device("cuda")), TritonOps(torch.device("cuda")), GraphOps(torch.device("cuda"))):
         prep = prepare(ops, library, wave, arm, 3)
         at = ops.asarray(p, dtype=torch.float64)
         models.append([shifted_templates(prep, at, jac).cpu().numpy() for jac in (False, True)])
-    for eager, fused in zip(*models):
+    for eager, fused, graph in zip(*models):
         scale = np.abs(eager).max(axis=(0, 2), keepdims=True)
         assert np.max(np.abs(fused - eager) / scale) < 3e-5
+        assert np.max(np.abs(graph - eager) / scale) < 3e-5
 
 
 def test_fused_fit_agrees_with_the_eager_torch_fit():
@@ -88,3 +94,27 @@ def test_fused_fit_agrees_with_the_eager_torch_fit():
         # between the two on the H200, where every resolved one agreed within 0.5 %)
         resolved = both & ((eager[name] > eager[f"{name}_ERR"]) if name == "VSINI" else True)
         assert np.allclose(fused[f"{name}_ERR"][resolved], eager[f"{name}_ERR"][resolved], rtol=0.02)
+
+
+def test_graph_fit_agrees_with_the_fused_fit_and_runs_its_steps_as_a_cuda_graph():
+    """torch:graph (the LM at a fixed shape, its step captured as a CUDA graph) fits as torch:fused does."""
+    import warnings
+
+    from plugins.spectra.fit import CAPTURES
+
+    library = named_library("small")
+    spectra = synthetic_spectra(library, 64, snr=20, seed=31)
+    fused = core.solve(SpectraProblem(spectra=spectra), backend="torch:fused").outputs
+    before = dict(CAPTURES)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a capture that fails warns: fail the test instead
+        graph = core.solve(SpectraProblem(spectra=spectra), backend="torch:graph").outputs
+    assert CAPTURES["captured"] > before["captured"] and CAPTURES["failed"] == before["failed"]
+    assert np.sum(graph["SUCCESS"] != fused["SUCCESS"]) <= 1
+    both = fused["SUCCESS"] & graph["SUCCESS"]
+    assert both.sum() >= 62
+    for name in ("VRAD", "VSINI", "TEFF", "LOGG", "FEH", "ALPHA"):
+        gap = np.abs(graph[name] - fused[name])[both] / fused[f"{name}_ERR"][both]
+        assert np.max(gap) < 0.05, (name, np.max(gap))
+        resolved = both & ((fused[name] > fused[f"{name}_ERR"]) if name == "VSINI" else True)
+        assert np.allclose(graph[f"{name}_ERR"][resolved], fused[f"{name}_ERR"][resolved], rtol=0.02)

@@ -49,9 +49,16 @@ def ops_for(name: str):
         from plugins.spectra.triton_kernels import TritonOps
 
         return TritonOps(torch.device("cuda")), "lm"
+    if name == "torch-graph":
+        import torch
+
+        from plugins.spectra.triton_kernels import GraphOps
+
+        return GraphOps(torch.device("cuda")), "lm"
     if name == "torch-cpu":
         return TorchOps("cpu"), "lm"
-    raise SystemExit(f"--backend {name!r}: must be numpy, numba, torch, torch-fused (Triton) or torch-cpu")
+    raise SystemExit(f"--backend {name!r}: must be numpy, numba, torch, torch-fused (Triton), torch-graph "
+                     "(Triton, CUDA graphs) or torch-cpu")
 
 
 def compare(names: list[str], n: int, grid: str) -> dict:

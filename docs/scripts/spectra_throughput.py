@@ -129,7 +129,7 @@ def markdown(payload: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="numpy,numba:serial,numba:threads,process,torch,torch:fused")
+    parser.add_argument("--backends", default="numpy,numba:serial,numba:threads,process,torch,torch:fused,torch:graph")
     parser.add_argument("--batches", default="1,8,64,512,4096")
     parser.add_argument("--grid", default="realistic")
     parser.add_argument("--snr", type=float, default=20.0)

@@ -235,6 +235,8 @@ def lm_batch(prep: Prepared, flux: Any, weight: Any, p0: Any, max_iter: int, tol
     whose normal equations are not finite (data beyond the arithmetic's range: flux of 1e18 with
     ordinary ivar overflows float32) stops where it is, ``broken``; the others go on undisturbed.
     """
+    if getattr(prep.ops, "static_lm", False):  # torch:graph: the same iteration at a fixed shape, graph-captured
+        return lm_static(prep, flux, weight, p0, max_iter, tol, dof)
     ops, xp = prep.ops, prep.ops.xp
     b = p0.shape[0]
     p = p0.clone() if ops.name == "torch" else p0.copy()
@@ -292,6 +294,120 @@ def lm_batch(prep: Prepared, flux: Any, weight: Any, p0: Any, max_iter: int, tol
         broken[active] = ~verdict[1]
     return {"p": p, "chi2": chi2, "hessian": hessian, "iterations": iterations, "converged": done & ~broken,
             "broken": broken}
+
+
+GRAPH_AFTER = 2  # lm_static's eager steps before it captures one as a CUDA graph (a short fit never pays the capture)
+_CAPTURE: list = []  # the side stream that warms up and captures (one per process)
+CAPTURES = {"captured": 0, "failed": 0}  # lm_static's graph captures in this process (tests and profiles read it)
+
+
+def lm_static(prep: Prepared, flux: Any, weight: Any, p0: Any, max_iter: int, tol: float,
+              dof: np.ndarray | None = None) -> dict[str, Any]:
+    """:func:`lm_batch` at a fixed shape, for torch ops with ``active`` masking (``triton_kernels.GraphOps``).
+
+    The same iteration, step for step: each spectrum's damping, acceptance, convergence and ``broken``
+    rule as in lm_batch. But converged spectra stay in the batch, flagged inactive (``ops.active``):
+    the kernels skip them and every update leaves them as they are, so every step has the same arrays
+    of the same shapes. After ``GRAPH_AFTER`` eager steps, on a CUDA device, one step is captured as a
+    CUDA graph and replayed for the rest: one launch per step from the host instead of hundreds. The
+    host still reads one flag per step (is any spectrum active?), as lm_batch does.
+    """
+    ops, xp = prep.ops, prep.ops.xp
+    torch = ops.torch
+    b = p0.shape[0]
+    flux, weight = flux.contiguous(), weight.contiguous()
+    p = p0.to(torch.float64).clone().contiguous()
+    current = evaluate(prep, p, flux, weight, jac=True)
+    chi2, hessian, gradient = current.chi2.clone(), current.hessian.clone(), current.gradient.clone()
+    device = chi2.device
+    damping = torch.full((b,), 1e-2, dtype=chi2.dtype, device=device)
+    absolute = ops.asarray(np.zeros(b) if dof is None else np.maximum(np.asarray(dof, dtype=np.float64), 0.0),
+                           dtype=chi2.dtype)
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    broken = torch.zeros(b, dtype=torch.bool, device=device)
+    iterations = torch.zeros(b, dtype=torch.int64, device=device)
+    floor = ops.asarray(1.0 / (10.0 * np.array([100.0, 100.0, 1000.0, 1.0, 1.0, 1.0])) ** 2, dtype=chi2.dtype)
+    eye = ops.eye(N_PARAMS)[None]
+    span = prep.upper - prep.lower
+    at_lower, at_upper = prep.lower + 1e-9 * span, prep.upper - 1e-9 * span
+    lower, upper = prep.lower[None, :], prep.upper[None, :]
+
+    def step() -> None:
+        act = ~done
+        h, g, here, lam = hessian, gradient, p, damping
+        free = ~(((here <= at_lower) & (g < 0)) | ((here >= at_upper) & (g > 0)))
+        f = ops.float64(free)
+        g = g * f
+        h = h * f[:, :, None] * f[:, None, :] + eye * (1 - f)[:, None, :]
+        diag = xp.diagonal(h, 0, 1, 2)
+        delta = ops.solve(h + eye * (lam[:, None] * ops.maximum(diag, floor[None, :]))[:, None, :], g)
+        finite = xp.all(xp.isfinite(delta), 1) & xp.isfinite(chi2)
+        trial_p = ops.clip(xp.where(finite[:, None], here + delta, here), lower, upper)
+        ops.active = act.to(torch.int8)
+        try:
+            trial = evaluate(prep, trial_p, flux, weight, jac=True)
+        finally:
+            ops.active = None
+        gain = chi2 - trial.chi2
+        better = (gain > 0) & finite & act
+        predicted = xp.sum(delta * g, 1)
+        new_lam = xp.where(better, lam * 0.3, lam * 5.0)
+        finished = (new_lam > 1e8) | ~finite
+        if tol > 0:
+            limit = converged_below(tol, chi2, absolute)
+            finished = finished | (better & (gain <= limit)) | (predicted <= limit)
+        p.copy_(xp.where(better[:, None], trial_p, here))
+        chi2.copy_(xp.where(better, trial.chi2, chi2))
+        hessian.copy_(xp.where(better[:, None, None], trial.hessian, hessian))
+        gradient.copy_(xp.where(better[:, None], trial.gradient, gradient))
+        damping.copy_(xp.where(act, new_lam, lam))
+        iterations.add_(act.to(torch.int64))
+        broken.logical_or_(act & ~finite)
+        done.logical_or_(act & finished)
+
+    graph = None
+    can_capture = device.type == "cuda"
+    for count in range(max_iter):
+        if count and not bool(torch.any(~done)):  # the loop's one wait for the device, as in lm_batch
+            break
+        if graph is None and can_capture and count >= GRAPH_AFTER:
+            graph = _capture(step, torch)  # runs this step, then captures it
+            can_capture = False
+            continue
+        if graph is not None:
+            graph.replay()
+        else:
+            step()
+    return {"p": p, "chi2": chi2, "hessian": hessian, "iterations": ops.to_numpy(iterations),
+            "converged": ops.to_numpy(done & ~broken), "broken": ops.to_numpy(broken)}
+
+
+def _capture(step: Any, torch: Any) -> Any:
+    """Run ``step`` once on the capture stream (a real step, and the warm-up a capture needs), then capture it.
+
+    Returns the graph, or None where capture failed (the caller goes on eagerly; the warning says why).
+    """
+    import warnings
+
+    if not _CAPTURE:
+        _CAPTURE.append(torch.cuda.Stream())
+    stream = _CAPTURE[0]
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, stream=stream):
+            step()
+    except Exception as exc:  # a capture refused is a slower fit, never a failed one
+        warnings.warn(f"spectra.fit: the LM step could not be captured as a CUDA graph ({exc}); running eagerly",
+                      RuntimeWarning, stacklevel=3)
+        torch.cuda.synchronize()
+        CAPTURES["failed"] += 1
+        return None
+    CAPTURES["captured"] += 1
+    return graph
 
 
 def converged_below(tol: float, chi2: Any, dof: Any) -> Any:

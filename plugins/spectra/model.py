@@ -490,6 +490,9 @@ def log_doppler(v: Any, xp: Any) -> Any:
 def shifted_templates(prep: Prepared, p: Any, jac: bool) -> Any:
     """The continuum-free model at the data pixels, (B, 1, N); with ``jac`` (B, 7, N): the model and d/dp."""
     ops, xp = prep.ops, prep.ops.xp
+    whole = getattr(ops, "shifted_templates", None)  # an array library with the whole step fused (torch:graph)
+    if whole is not None:
+        return whole(prep, p, jac)
     idx, w, dw = corners(prep, p[:, 2:6], jac)
     channels = ops.interpolate_exp(prep.table, idx, w, dw)  # (B, 1 or 5, P): F, F d ln F / d theta
     half = kernel_half_width(ops.vsini_bound(p[:, 1]), prep.step_kms)

@@ -135,18 +135,25 @@ def fused_unsupported(problem: SpectraProblem | None = None) -> str:
 
 
 def supports(problem: SpectraProblem, implementation: str) -> str:
-    return fused_unsupported(problem) if implementation == "torch:fused" else ""
+    return fused_unsupported(problem) if implementation in ("torch:fused", "torch:graph") else ""
 
 
-def solve_torch(problem: SpectraProblem, device: Any = None, fused: bool = False) -> dict[str, np.ndarray]:
+def solve_torch(problem: SpectraProblem, device: Any = None, fused: bool = False,
+                graph: bool = False) -> dict[str, np.ndarray]:
     """The batched fit on the torch backend's GPU (``device`` overrides it: ``"cpu"`` in development).
 
     ``fused``: the model's interpolation and broadening-and-read as Triton kernels
-    (:mod:`plugins.spectra.triton_kernels`) instead of eager torch operations.
+    (:mod:`plugins.spectra.triton_kernels`) instead of eager torch operations. ``graph``
+    (``torch:graph``): those kernels with the rotation kernels, the Doppler shift and the small solves
+    in Triton too, and the LM iteration at a fixed shape with its step captured as a CUDA graph
+    (``triton_kernels.GraphOps``, ``fit.lm_static``).
     """
+    fused = fused or graph
     if fused and fused_unsupported(problem):
         raise ValueError(f"the fused spectrum kernels cannot run here: {fused_unsupported(problem)}")
-    if fused:
+    if graph:
+        from plugins.spectra.triton_kernels import GraphOps as make_ops
+    elif fused:
         from plugins.spectra.triton_kernels import TritonOps as make_ops
     else:
         make_ops = TorchOps

@@ -36,16 +36,17 @@ the window of kernel taps in :func:`_resample_kernel`.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 import triton
 import triton.language as tl
 
-from plugins.spectra.model import CUBIC, CUBIC_FIRST, CUBIC_LAST, continuum_solve
+from plugins.spectra.model import CUBIC, CUBIC_FIRST, CUBIC_LAST, EPSILON, continuum_solve, corners, kernel_half_width
 from plugins.spectra.model import profile as eager_profile
 from plugins.spectra.ops import TorchOps
-from plugins.spectra.templates import VSINI_MAX
+from plugins.spectra.templates import C_KMS, VSINI_MAX
 
 INTERPOLATE_BLOCK = 512  # template pixels a program interpolates
 RESAMPLE_BLOCK = 128  # data pixels a program reads
@@ -55,13 +56,18 @@ CORNERS = 16
 
 
 @triton.jit
-def _interpolate_exp_kernel(table, row_stride, idx, w, dw, out, n_template,
-                            DERIVATIVES: tl.constexpr, BLOCK: tl.constexpr):
-    """Program (block, spectrum): F = exp(sum_c w_c lnF_c) and F * sum_c dw_ck lnF_c at BLOCK template pixels."""
+def _interpolate_exp_kernel(table, row_stride, idx, w, dw, out, n_template, active,
+                            DERIVATIVES: tl.constexpr, BLOCK: tl.constexpr, MASKED: tl.constexpr = False):
+    """Program (block, spectrum): F = exp(sum_c w_c lnF_c) and F * sum_c dw_ck lnF_c at BLOCK template pixels.
+
+    ``MASKED``: a spectrum whose ``active`` entry is 0 reads and writes nothing (its output is left as it was).
+    """
     block = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     offsets = block * BLOCK + tl.arange(0, BLOCK)
     inside = offsets < n_template
+    if MASKED:
+        inside = inside & (tl.load(active + b + offsets * 0) != 0)  # a vector: the interpreter's masks
     log_flux = tl.zeros((BLOCK,), dtype=tl.float32)
     d0 = tl.zeros((BLOCK,), dtype=tl.float32)
     d1 = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -90,8 +96,9 @@ def _interpolate_exp_kernel(table, row_stride, idx, w, dw, out, n_template,
 
 
 @triton.jit
-def _resample_kernel(channels, kernel, dkernel, reach, u0, shift, du_dv, out, n_pixels, n_template, width,
-                     HALF: tl.constexpr, DERIVATIVES: tl.constexpr, BLOCK: tl.constexpr):
+def _resample_kernel(channels, kernel, dkernel, reach, u0, shift, du_dv, out, n_pixels, n_template, width, active,
+                     dlnw, HALF: tl.constexpr, DERIVATIVES: tl.constexpr, BLOCK: tl.constexpr,
+                     MASKED: tl.constexpr = False, FROM_V: tl.constexpr = False):
     """Program (block, spectrum): the broadened, shifted template channels read at BLOCK data pixels.
 
     Pixel i reads template position ``u = u0[i] - shift`` from the pixels ``j0 - 2 .. j0 + 3`` (``j0 =
@@ -99,12 +106,23 @@ def _resample_kernel(channels, kernel, dkernel, reach, u0, shift, du_dv, out, n_
     (taps ``-h .. h`` of a row of ``2 HALF + 1`` centred on HALF, h the spectrum's reach). Combined, template
     pixel ``j0 - 2 - h + r`` carries ``c_r = sum_o w_o K[HALF - h + r - o]``: 2 h + 6 of them per pixel, the
     kernel taps kept in a window of six scalars that slides by one each step.
+
+    ``FROM_V``: ``shift`` is the parameters (B, 6), and the shift in template pixels and its slope in v
+    are computed here from v (:func:`_doppler`, ``dlnw`` a float64 pointer), not read. ``MASKED``: a
+    spectrum whose ``active`` entry is 0 reads and writes nothing.
     """
     block = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     offsets = block * BLOCK + tl.arange(0, BLOCK)
     inside = offsets < n_pixels
-    u = tl.load(u0 + offsets, mask=inside, other=0.0) - tl.load(shift + b)
+    if MASKED:
+        inside = inside & (tl.load(active + b + offsets * 0) != 0)  # a vector: the interpreter's masks
+    if FROM_V:
+        pixels_shift, slope_v = _doppler(tl.load(shift + b * 6), tl.load(dlnw))
+    else:
+        pixels_shift = tl.load(shift + b)
+        slope_v = tl.load(du_dv + b)
+    u = tl.load(u0 + offsets, mask=inside, other=0.0) - pixels_shift
     u = tl.minimum(tl.maximum(u, 2.0), (n_template - 3).to(tl.float64) - 1e-6)
     j0 = tl.floor(u)
     t = (u - j0).to(tl.float32)
@@ -125,6 +143,8 @@ def _resample_kernel(channels, kernel, dkernel, reach, u0, shift, du_dv, out, n_
     s4 = (-1.0 - 12.0 * t + 21.0 * t2) / 12.0
     s5 = (2.0 * t - 3.0 * t2) / 12.0
     h = tl.load(reach + b)
+    if MASKED:
+        h = tl.where(tl.load(active + b) != 0, h, -3)  # no taps at all: 2 h + 6 = 0 steps below
     first = HALF - h  # the kernel's first tap that is not zero
     k_row = kernel + b * width
     dk_row = dkernel + b * width
@@ -184,7 +204,7 @@ def _resample_kernel(channels, kernel, dkernel, reach, u0, shift, du_dv, out, n_
     if DERIVATIVES:
         target = out + b * 7 * n_pixels + offsets
         tl.store(target, acc0, mask=inside)
-        tl.store(target + n_pixels, dv * tl.load(du_dv + b).to(tl.float32), mask=inside)
+        tl.store(target + n_pixels, dv * slope_v.to(tl.float32), mask=inside)
         tl.store(target + 2 * n_pixels, dvsini, mask=inside)
         tl.store(target + 3 * n_pixels, acc1, mask=inside)
         tl.store(target + 4 * n_pixels, acc2, mask=inside)
@@ -196,7 +216,8 @@ def _resample_kernel(channels, kernel, dkernel, reach, u0, shift, du_dv, out, n_
 
 @triton.jit
 def _continuum_cross_kernel(shifted, flux, weight, local_basis, coeffs, arm_bounds, chi2_out, cross_out,
-                            n_pixels, ncoef, n_arms, D: tl.constexpr, DP: tl.constexpr, BLOCK: tl.constexpr):
+                            n_pixels, ncoef, n_arms, active, D: tl.constexpr, DP: tl.constexpr, BLOCK: tl.constexpr,
+                            MASKED: tl.constexpr = False):
     """Program (arm, spectrum): chi-square and the Jacobian's cross products with the continuum's columns.
 
     Over the arm's pixels: ``continuum = sum_k c_k phi_k``, ``r = flux - continuum T`` and, for the 6
@@ -207,6 +228,8 @@ def _continuum_cross_kernel(shifted, flux, weight, local_basis, coeffs, arm_boun
     b = tl.program_id(1).to(tl.int64)
     start = tl.load(arm_bounds + arm)
     stop = tl.load(arm_bounds + arm + 1)
+    if MASKED:
+        stop = tl.where(tl.load(active + b) != 0, stop, start)  # an inactive spectrum: no pixels, sums of 0
     terms = tl.arange(0, DP)
     has_term = terms < D
     c = tl.load(coeffs + b * ncoef + arm * D + terms, mask=has_term, other=0.0)
@@ -248,7 +271,8 @@ def _continuum_cross_kernel(shifted, flux, weight, local_basis, coeffs, arm_boun
 
 @triton.jit
 def _projected_normal_kernel(shifted, flux, weight, local_basis, coeffs, projection, arm_bounds, out, n_pixels,
-                             ncoef, n_arms, D: tl.constexpr, DP: tl.constexpr, BLOCK: tl.constexpr):
+                             ncoef, n_arms, active, D: tl.constexpr, DP: tl.constexpr, BLOCK: tl.constexpr,
+                             MASKED: tl.constexpr = False):
     """Program (arm, spectrum): this arm's share of J^T W J and J^T W r for the projected Jacobian.
 
     ``jproj_p = continuum S_p - T sum_k P[k, p] phi_k`` (P the projection of model.profile, float32 as
@@ -259,6 +283,8 @@ def _projected_normal_kernel(shifted, flux, weight, local_basis, coeffs, project
     b = tl.program_id(1).to(tl.int64)
     start = tl.load(arm_bounds + arm)
     stop = tl.load(arm_bounds + arm + 1)
+    if MASKED:
+        stop = tl.where(tl.load(active + b) != 0, stop, start)  # an inactive spectrum: no pixels, sums of 0
     terms = tl.arange(0, DP)
     has_term = terms < D
     c = tl.load(coeffs + b * ncoef + arm * D + terms, mask=has_term, other=0.0)
@@ -383,6 +409,168 @@ def _projected_normal_kernel(shifted, flux, weight, local_basis, coeffs, project
     tl.store(target + 26, tl.sum(g5, 0))
 
 
+# -- torch:graph's kernels: the Doppler shift, the rotation kernels and the small solves, each one launch --------
+
+# the constants below are spelled out as numbers (Triton's interpreter mishandles a global constexpr times a
+# tensor): the speed of light in km/s, and model._rotation_moments' c1 = 0.8, c2 = 0.9424777960769379 and area
+# 2.5132741228718345 at epsilon 0.6 (checked at import, _check_constants)
+
+
+@triton.jit
+def _log1p(x):
+    """log(1 + x) to a few ulp for small x (Goldberg's form): libdevice's log1p has no interpreter version."""
+    y = 1.0 + x
+    return tl.where(y == 1.0, x, tl.log(y) * (x / (y - 1.0)))
+
+
+@triton.jit
+def _doppler(v, dlnw):
+    """(shift, d shift / d v) in template pixels for velocity v (km/s): model.log_doppler / dlnw and du_dv."""
+    beta = v / 299792.458
+    shift = 0.5 * (_log1p(beta) - _log1p(-beta)) / dlnw
+    return shift, -1.0 / (299792.458 * (1 - beta * beta) * dlnw)
+
+
+@triton.jit
+def _asin(x):
+    """arcsin on [-1, 1] in float64 (fdlibm's rational form, a few ulp): libdevice's has no interpreter version."""
+    a = tl.abs(x)
+    small = a < 0.5
+    t = tl.where(small, x * x, (1.0 - a) * 0.5)
+    p = t * (1.66666666666666657415e-01 + t * (-3.25565818622400915405e-01 + t * (2.01212532134862925881e-01 + t * (
+        -4.00555345006794114027e-02 + t * (7.91534994289814532176e-04 + t * 3.47933107596021167570e-05)))))
+    q = 1.0 + t * (-2.40339491173441421878e+00 + t * (2.02094576023350569471e+00 + t * (
+        -6.88283971605453293030e-01 + t * 7.70381505559019352791e-02)))
+    r = p / q
+    root = tl.sqrt(t)
+    large = 1.57079632679489655800e+00 - (2.0 * (root + root * r) - 6.12323399573676603587e-17)
+    return tl.where(small, x + x * r, tl.where(x < 0, -large, large))
+
+
+@triton.jit
+def _moments(u):
+    """model._rotation_moments at u in [-1, 1]: the profile's moments t^0 .. t^3 from -1 to u."""
+    u2 = u * u
+    rest = 1.0 - u2
+    root = tl.sqrt(rest)
+    arc = _asin(u)
+    m0 = (0.8 * ((u * root + arc) / 2 + 0.7853981633974483) + 0.9424777960769379 * (u - u * u2 / 3 + 2.0 / 3)
+          ) / 2.5132741228718345
+    m1 = (0.8 * (-rest * root / 3) + 0.9424777960769379 * (u2 / 2 - u2 * u2 / 4 - 0.25)) / 2.5132741228718345
+    m2 = (0.8 * (u * (2 * u2 - 1) * root / 8 + arc / 8 + 0.19634954084936207)
+          + 0.9424777960769379 * (u * u2 / 3 - u * u2 * u2 / 5 + 2.0 / 15)) / 2.5132741228718345
+    m3 = (0.8 * (-rest * root / 3 + rest * rest * root / 5)
+          + 0.9424777960769379 * (u2 * u2 / 4 - u2 * u2 * u2 / 6 - 1.0 / 12)) / 2.5132741228718345
+    return m0, m1, m2, m3
+
+
+@triton.jit
+def _kernel_taps(vsini, step, taps):
+    """model.rotation_kernel for one vsini per row: ``vsini`` (R, 1) km/s, ``taps`` (1, W) offsets from the centre.
+
+    Tap m carries, for each cubic offset o, the profile's local moments over the interval k = m - o
+    (``[k, k + 1]`` in pixels, ``s = vsini / step`` the half-width) weighted by Keys' row o.
+    """
+    s = tl.maximum(vsini, 1e-6) / step
+    total = tl.zeros(taps.shape, dtype=tl.float64) * s
+    for index in tl.static_range(6):
+        k = taps - (index - 2.0)
+        a0, a1, a2, a3 = _moments(tl.minimum(tl.maximum(k / s, -1.0), 1.0))
+        b0, b1, b2, b3 = _moments(tl.minimum(tl.maximum((k + 1.0) / s, -1.0), 1.0))
+        y0 = b0 - a0
+        y1 = s * (b1 - a1)
+        y2 = (s * s) * (b2 - a2)
+        y3 = (s * s * s) * (b3 - a3)
+        local1 = y1 - k * y0
+        local2 = y2 - 2 * k * y1 + k * k * y0
+        local3 = y3 - 3 * k * y2 + 3 * k * k * y1 - k * k * k * y0
+        if index == 0:  # model.CUBIC's rows, times 12
+            total += local1 - 2.0 * local2 + local3
+        elif index == 1:
+            total += -8.0 * local1 + 15.0 * local2 - 7.0 * local3
+        elif index == 2:
+            total += 12.0 * y0 - 28.0 * local2 + 16.0 * local3
+        elif index == 3:
+            total += 8.0 * local1 + 20.0 * local2 - 16.0 * local3
+        elif index == 4:
+            total += -local1 - 6.0 * local2 + 7.0 * local3
+        else:
+            total += local2 - local3
+    return total / 12.0
+
+
+@triton.jit
+def _rotation_kernel(p, kernel_out, dkernel_out, reach_out, n_rows, scalars,
+                     HALF: tl.constexpr, WP: tl.constexpr, DERIVATIVE: tl.constexpr, ROWS: tl.constexpr):
+    """Program (block of ROWS spectra): model.rotation_kernels and the resample's reach, in one launch.
+
+    The kernel at each spectrum's vsini (``p[:, 1]``) and, with ``DERIVATIVE``, d kernel / d vsini by
+    the central difference at vsini +- h (one-sided below h), each (B, 2 HALF + 1) float32; ``reach``
+    (B,) int32: the outermost tap either has that is not zero (what TritonModelOps.resample derives).
+    """
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    inside = rows < n_rows
+    step = tl.load(scalars)  # float64 through memory: a Python float argument would be float32
+    h = tl.load(scalars + 1)
+    vsini = tl.load(p + rows.to(tl.int64) * 6 + 1, mask=inside, other=0.0)[:, None]
+    columns = tl.arange(0, WP)[None, :]
+    width = 2 * HALF + 1
+    taps = (columns - HALF).to(tl.float64)
+    store = inside[:, None] & (columns < width)
+    kernel = _kernel_taps(vsini, step, taps).to(tl.float32)
+    live = kernel != 0
+    target = rows.to(tl.int64)[:, None] * width + columns
+    tl.store(kernel_out + target, kernel, mask=store)
+    if DERIVATIVE:
+        up = vsini + h
+        down = tl.maximum(vsini - h, 0.0)
+        slope = ((_kernel_taps(up, step, taps) - _kernel_taps(down, step, taps)) / (up - down)).to(tl.float32)
+        live = live | (slope != 0)
+        tl.store(dkernel_out + target, slope, mask=store)
+    distance = tl.abs(columns - HALF)
+    reach = tl.max(tl.where(live & (columns < width), distance, 0), 1)
+    tl.store(reach_out + rows, reach.to(tl.int32), mask=inside)
+
+
+@triton.jit
+def _small_solve_kernel(a, rhs, x, n_batch, N: tl.constexpr, NP: tl.constexpr, K: tl.constexpr,
+                        KP: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (block of BLOCK systems): x = a^-1 rhs for (B, N, N) a and (B, N, K) rhs, float64.
+
+    Gaussian elimination without pivoting, rows reduced in registers: every system solved here is
+    symmetric positive definite (a ridged continuum normal matrix, a damped Gauss-Newton matrix), for
+    which that is stable. One launch, where torch's batched LU takes several and may not be capturable
+    in a CUDA graph. A singular or non-finite system gives non-finite x, as torch's solve_ex does.
+    """
+    systems = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m3 = systems.to(tl.int64)[:, None, None]
+    r3 = tl.arange(0, NP)[None, :, None]
+    c3 = tl.arange(0, NP)[None, None, :]
+    k3 = tl.arange(0, KP)[None, None, :]
+    rows2 = tl.arange(0, NP)[None, :]
+    valid = m3 < n_batch
+    matrix = tl.load(a + m3 * N * N + r3 * N + c3, mask=valid & (r3 < N) & (c3 < N), other=0.0)
+    matrix = tl.where((r3 == c3) & ((r3 >= N) | ~valid), 1.0, matrix)  # identity on the padding
+    right = tl.load(rhs + m3 * N * K + r3 * K + k3, mask=valid & (r3 < N) & (k3 < K), other=0.0)
+    for k in tl.static_range(N):
+        pivot_row = tl.sum(tl.where(r3 == k, matrix, 0.0), 1)  # (BLOCK, NP)
+        pivot_right = tl.sum(tl.where(r3 == k, right, 0.0), 1)  # (BLOCK, KP)
+        column = tl.sum(tl.where(c3 == k, matrix, 0.0), 2)  # (BLOCK, NP)
+        pivot = tl.sum(tl.where(rows2 == k, column, 0.0), 1)  # (BLOCK,)
+        factor = tl.where(rows2 > k, column / pivot[:, None], 0.0)
+        matrix = matrix - factor[:, :, None] * pivot_row[:, None, :]
+        right = right - factor[:, :, None] * pivot_right[:, None, :]
+    out = tl.zeros((BLOCK, NP, KP), dtype=tl.float64)
+    for i in tl.static_range(N):
+        k = N - 1 - i
+        pivot_row = tl.sum(tl.where(r3 == k, matrix, 0.0), 1)  # (BLOCK, NP): U[k, :]
+        pivot = tl.sum(tl.where(rows2 == k, pivot_row, 0.0), 1)
+        known = tl.sum(pivot_row[:, :, None] * out, 1)  # sum over j > k of U[k, j] x[j] (rows <= k still 0)
+        value = (tl.sum(tl.where(r3 == k, right, 0.0), 1) - known) / pivot[:, None]
+        out = tl.where(r3 == k, value[:, None, :], out)
+    tl.store(x + m3 * N * K + r3 * K + k3, out, mask=valid & (r3 < N) & (k3 < K))
+
+
 def _check_cubic() -> None:
     """The kernel spells out model.CUBIC's rows for offsets -2 .. 3; refuse to run if they ever part."""
     expected = [[0, 1, -2, 1], [0, -8, 15, -7], [12, 0, -28, 16], [0, 8, 20, -16], [0, -1, -6, 7], [0, 0, 1, -1]]
@@ -391,6 +579,16 @@ def _check_cubic() -> None:
 
 
 _check_cubic()
+
+
+def _check_constants() -> None:
+    """The numbers spelled out in _doppler and _moments; refuse to run if the model's ever part from them."""
+    if (C_KMS, 2 * (1 - EPSILON), math.pi * EPSILON / 2, math.pi * (1 - EPSILON / 3)) != (
+            299792.458, 0.8, 0.9424777960769379, 2.5132741228718345):
+        raise RuntimeError("plugins.spectra's C_KMS or EPSILON changed: update _doppler and _moments")
+
+
+_check_constants()
 
 
 class TritonModelOps(TorchOps):
@@ -411,8 +609,10 @@ class TritonModelOps(TorchOps):
         weights = w.to(torch.float32).contiguous()
         slopes = dw.to(torch.float32).contiguous() if derivatives else weights
         grid = (triton.cdiv(n_template, INTERPOLATE_BLOCK), b)
+        active = getattr(self, "active", None)
         _interpolate_exp_kernel[grid](table, table.stride(0), idx.contiguous(), weights, slopes, out, n_template,
-                                      DERIVATIVES=derivatives, BLOCK=INTERPOLATE_BLOCK)
+                                      out if active is None else active, DERIVATIVES=derivatives,
+                                      BLOCK=INTERPOLATE_BLOCK, MASKED=active is not None)
         return out
 
     def resample(self, u0, channels, kernel, dk, shift, du_dv, cubic):
@@ -431,10 +631,10 @@ class TritonModelOps(TorchOps):
         dkernel = dk.to(torch.float32).contiguous() if derivatives else kernel
         slope = du_dv if isinstance(du_dv, torch.Tensor) else torch.full((b,), float(du_dv), device=out.device)
         grid = (triton.cdiv(n_pixels, RESAMPLE_BLOCK), b)
+        shift = shift.to(torch.float64).contiguous()
         _resample_kernel[grid](channels.contiguous(), kernel, dkernel, reach, u0.to(torch.float64).contiguous(),
-                               shift.to(torch.float64).contiguous(), slope.to(torch.float64).contiguous(), out,
-                               n_pixels, n_template, width, HALF=half, DERIVATIVES=derivatives,
-                               BLOCK=RESAMPLE_BLOCK)
+                               shift, slope.to(torch.float64).contiguous(), out, n_pixels, n_template, width, out,
+                               shift, HALF=half, DERIVATIVES=derivatives, BLOCK=RESAMPLE_BLOCK)
         return out
 
 
@@ -467,16 +667,137 @@ class TritonOps(TritonModelOps):
         chi2 = torch.empty((b, n_arms), dtype=torch.float64, device=shifted.device)
         blocks = torch.empty((b, n_arms, 6, padded), dtype=torch.float32, device=shifted.device)
         grid = (n_arms, b)
+        active = getattr(self, "active", None)
+        flag = chi2 if active is None else active
         _continuum_cross_kernel[grid](shifted, flux, weight, local, c32, bounds, chi2, blocks, n_pixels, ncoef,
-                                      n_arms, D=terms, DP=padded, BLOCK=NORMAL_BLOCK)
+                                      n_arms, flag, D=terms, DP=padded, BLOCK=NORMAL_BLOCK, MASKED=active is not None)
         cross = blocks[..., :terms].permute(0, 2, 1, 3).reshape(b, 6, ncoef).to(torch.float64)
         projection = self.solve(gram, cross.transpose(1, 2)).to(torch.float32).contiguous()  # (B, ncoef, 6)
         sums = torch.empty((b, n_arms, 27), dtype=torch.float64, device=shifted.device)
         _projected_normal_kernel[grid](shifted, flux, weight, local, c32, projection, bounds, sums, n_pixels, ncoef,
-                                       n_arms, D=terms, DP=padded, BLOCK=NORMAL_BLOCK)
+                                       n_arms, flag, D=terms, DP=padded, BLOCK=NORMAL_BLOCK,
+                                       MASKED=active is not None)
         sums = sums.sum(1)
         upper = prep.constant("upper_pairs", np.array(_UPPER, dtype=np.int64))
         hessian = torch.zeros((b, 6, 6), dtype=torch.float64, device=shifted.device)
         hessian[:, upper[:, 0], upper[:, 1]] = sums[:, :21]
         hessian[:, upper[:, 1], upper[:, 0]] = sums[:, :21]
         return chi2.sum(1), coeffs, None, hessian, sums[:, 21:], None
+
+
+_STAGING: dict = {}
+
+
+def _staging(torch: Any, dtype: Any, size: int) -> list:
+    """Two pinned host buffers of ``size`` elements, each with the event of its last copy (kept per process)."""
+    key = (dtype, size)
+    if key not in _STAGING:
+        _STAGING[key] = [(torch.empty(size, dtype=dtype, pin_memory=True), torch.cuda.Event()) for _ in range(2)]
+    return _STAGING[key]
+
+
+SOLVE_LARGEST = 16  # GraphOps solves systems up to this size in Triton (the continuum's, degree <= 4 on 3 arms)
+
+
+class GraphOps(TritonOps):
+    """The ops of ``torch:graph``: TritonOps with fewer launches per evaluation, for a graph-captured LM step.
+
+    - the rotation kernels, their derivative in vsini and each spectrum's reach in one launch
+      (:func:`_rotation_kernel`; the eager form was about 170 small operations on (3 B, 63) arrays);
+    - the Doppler shift computed in the resample kernel from v (:func:`_doppler`);
+    - the small systems (the continuum's normal matrix, the damped Gauss-Newton step) solved in one
+      launch each (:func:`_small_solve_kernel`);
+    - ``active``: while the static LM (``fit.lm_static``) evaluates a trial step, a (B,) int8 flag per
+      spectrum; the kernels skip the spectra whose flag is 0, so a whole batch kept at a fixed shape (and
+      captured once as a CUDA graph) costs the template and pixel work of its active spectra only.
+    """
+
+    static_lm = True
+    UPLOAD_FROM = 1 << 22  # host arrays of at least this many bytes go to the GPU through pinned buffers
+    UPLOAD_CHUNK = 1 << 23  # bytes per pinned chunk
+
+    def __init__(self, device: Any = "cpu", dtype: Any = None):
+        super().__init__(device, dtype)
+        self.active = None
+
+    def asarray(self, x: Any, dtype: Any = None):
+        """TorchOps.asarray; a large host array (the spectra) through pinned memory, chunk by chunk.
+
+        From pageable memory the driver copies through its own staging at about 6 GB/s (41 ms for a
+        batch of 4,096 on the H200). Here each chunk is copied into one of two pinned buffers while
+        the other's copy to the device runs, asynchronously.
+        """
+        torch = self.torch
+        dtype = self.dtype if dtype is None else dtype
+        if (self.device.type != "cuda" or not isinstance(x, np.ndarray) or x.nbytes < self.UPLOAD_FROM
+                or x.dtype.kind != "f"):
+            return super().asarray(x, dtype)
+        source = np.ascontiguousarray(x).reshape(-1)
+        out = torch.empty(x.shape, dtype=dtype, device=self.device)
+        flat = out.view(-1)
+        chunk = self.UPLOAD_CHUNK // out.element_size()
+        buffers = _staging(torch, dtype, chunk)
+        for index, start in enumerate(range(0, source.size, chunk)):
+            buffer, done = buffers[index % 2]
+            done.synchronize()  # this buffer's previous copy has finished
+            part = source[start : start + chunk]
+            buffer.numpy()[: part.size] = part  # converts float64 to float32 where asked
+            flat[start : start + part.size].copy_(buffer[: part.size], non_blocking=True)
+            done.record()
+        return out
+
+    def solve(self, a, b):
+        torch = self.torch
+        n = a.shape[-1]
+        if a.dtype != torch.float64 or n > SOLVE_LARGEST or a.shape[:-2] != b.shape[:a.ndim - 2]:
+            return super().solve(a, b)
+        vector = b.ndim == a.ndim - 1
+        right = b[..., None] if vector else b
+        k = right.shape[-1]
+        systems = a.reshape(-1, n, n).to(torch.float64).contiguous()
+        right = right.reshape(-1, n, k).to(torch.float64).contiguous()
+        out = torch.empty_like(right)
+        padded, padded_k = triton.next_power_of_2(n), triton.next_power_of_2(k)
+        block = max(1, min(32, 4096 // (padded * max(padded, padded_k))))
+        count = systems.shape[0]
+        if count:
+            _small_solve_kernel[(triton.cdiv(count, block),)](systems, right, out, count, N=n, NP=padded, K=k,
+                                                               KP=padded_k, BLOCK=block)
+        out = out.reshape(*b.shape[:a.ndim - 2], n, k)
+        return out[..., 0] if vector else out
+
+    def rotation(self, prep, p, derivative: bool):
+        """(kernel, d kernel / d vsini or None, reach): model.rotation_kernels at p's vsini and the reach."""
+        torch = self.torch
+        half = kernel_half_width(VSINI_MAX, prep.step_kms)
+        width = 2 * half + 1
+        b = p.shape[0]
+        kernel = torch.empty((b, width), dtype=torch.float32, device=p.device)
+        dkernel = torch.empty((b, width), dtype=torch.float32, device=p.device) if derivative else kernel
+        reach = torch.empty((b,), dtype=torch.int32, device=p.device)
+        scalars = prep.constant("rotation_scalars", np.array([prep.step_kms, 0.5]))
+        rows = 8
+        _rotation_kernel[(triton.cdiv(b, rows),)](p, kernel, dkernel, reach, b, scalars, HALF=half,
+                                                   WP=triton.next_power_of_2(width), DERIVATIVE=derivative,
+                                                   ROWS=rows)
+        return kernel, (dkernel if derivative else None), reach
+
+    def shifted_templates(self, prep, p, jac: bool):
+        """model.shifted_templates: the corners (torch), then three launches (interpolation, rotation, read)."""
+        torch = self.torch
+        p = p.to(torch.float64).contiguous()
+        idx, w, dw = corners(prep, p[:, 2:6], jac)
+        channels = self.interpolate_exp(prep.table, idx, w, dw).contiguous()
+        kernel, dk, reach = self.rotation(prep, p, jac)
+        b, _, n_template = channels.shape
+        n_pixels = prep.u0.shape[0]
+        out = torch.empty((b, 7 if jac else 1, n_pixels), dtype=torch.float32, device=channels.device)
+        u0 = prep.u0.to(torch.float64).contiguous()  # float64 already: no copy
+        dlnw = prep.constant("dlnw", np.array([prep.dlnw]))
+        active = self.active
+        width = kernel.shape[1]
+        grid = (triton.cdiv(n_pixels, RESAMPLE_BLOCK), b)
+        _resample_kernel[grid](channels, kernel, kernel if dk is None else dk, reach, u0, p, p, out, n_pixels,
+                               n_template, width, out if active is None else active, dlnw, HALF=width // 2,
+                               DERIVATIVES=jac, BLOCK=RESAMPLE_BLOCK, MASKED=active is not None, FROM_V=True)
+        return out
