@@ -27,6 +27,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 INTERPRET = """
 import pickle, sys, numpy as np, torch
+import triton.runtime.interpreter as interpreter
+_patch = interpreter._patch_lang_tensor
+def _squeezing(tensor, *args):  # Triton 3.6's interpreter takes int() of a (1,) array, which NumPy 2.5 refuses
+    _patch(tensor, *args)
+    if args:
+        args[0].set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+interpreter._patch_lang_tensor = _squeezing
 from plugins.spectra.model import arm_wavelengths, prepare, shifted_templates
 from plugins.spectra.ops import TorchOps
 from plugins.spectra.templates import named_library
