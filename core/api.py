@@ -101,7 +101,8 @@ PLANNING = ("estimate", "race", "measure")
 
 
 def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[str, float],
-         sampling: bool = False, first_touch: bool = False, model: float | None = None) -> tuple[dict, float, bool]:
+         sampling: bool = False, first_touch: bool = False, model: float | None = None,
+         trial: bool = False) -> tuple[dict, float, bool]:
     """Run once, paying the backend's start first, and observe the timing. Returns (outputs, seconds, cold).
 
     A run is *cold* when it owed a one-off: this process had not yet run the
@@ -129,6 +130,8 @@ def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[s
 
     A warm run is also one of the process's loop runs against ``model``,
     the plan's model-alone prediction for it (Planner.loop_factor).
+    ``trial``: the run of a contender tried in the leader's place
+    (Planner.observe).
     """
     planner = current()
     planner.start_backend(get_registry().backends[backend_of(implementation)])
@@ -149,7 +152,8 @@ def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[s
     # numpy's FP solve took 0.37 s while numba loaded beside it, 0.16 s alone, and as a warm sample it cost
     # a confirming run and moved the loop
     contended = overlapped or warming()
-    planner.observe(spec, implementation, problem, sample, outputs, cold or contended, nominal, first_touch, model)
+    planner.observe(spec, implementation, problem, sample, outputs, cold or contended, nominal, first_touch, model,
+                    trial)
     if not (cold or contended or first_touch):
         planner.note_loop_run(spec.name, implementation, sample, model)
     if first and not contended and (fitted := planner.model(spec, implementation)) is not None:
@@ -348,7 +352,7 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     sampling = planning != "estimate" and step.contested and len(race.warm.get(used, [])) < SPREAD_AFTER
     predicted = decision.predictions.get(used)
     model = predicted.model_seconds if predicted is not None else None
-    outputs, seconds, cold = _run(spec, used, problem, nominal, sampling, first_touch, model)
+    outputs, seconds, cold = _run(spec, used, problem, nominal, sampling, first_touch, model, step.explore)
     confirmed = None
     # a trial is not run again: one that ran slow hands the next call back to the leader anyway
     if planning != "estimate" and not cold and not step.explore and _worth_confirming(decision, race, used):

@@ -650,8 +650,8 @@ def test_evaluate_catches_a_loop_that_keeps_the_cold_sample(clean, monkeypatch):
     observe = Planner.observe
 
     def keeps_every_run(self, spec, implementation, problem, seconds, outputs, cold, nominal=None,
-                        first_touch=False, model=None):
-        observe(self, spec, implementation, problem, seconds, outputs, False, nominal, False, model)
+                        first_touch=False, model=None, trial=False):
+        observe(self, spec, implementation, problem, seconds, outputs, False, nominal, False, model, trial)
 
     monkeypatch.setattr(Planner, "observe", keeps_every_run)
     monkeypatch.setattr(race_rule, "without_slow_outliers", lambda samples: samples)
@@ -971,3 +971,18 @@ def test_a_prediction_is_judged_against_the_median_of_the_truth_s_rounds():
                         predicted={"a": (2e-4, "calibrated")}, typical_seconds={"a": 1.1e-4, "b": 2e-4})
     assert row.measured_over_predicted == pytest.approx(0.55)
     assert dataclasses.replace(row, typical_seconds={}).measured_over_predicted == pytest.approx(0.45)
+
+
+def test_a_trial_wins_only_in_the_loop_s_own_conditions(clean):
+    """A contender's loop factor, learnt on other problems (3x its model there), does not shrink its trial: run
+    at 45 ms in the loop against the pick's 22, it hands call 3 back to the pick (on the VM the process pool's
+    factor of 3 made a 133 ms trial count as 43 ms, and the third call ran the pool, 30 % slower)."""
+    (spec,) = _install(_spec("synthetic.trial_terms", {"serial": _sleeper(22e-3), "pool": _sleeper(45e-3)}))
+    scatter = lambda p: 1.25 if (p.n // 10 + p.m) % 2 else 0.8  # noqa: E731
+    _calibrate(spec, "serial", lambda p: 22e-3 * scatter(p), GRID)
+    _calibrate(spec, "pool", lambda p: 24e-3 * scatter(p), GRID)
+    for _ in range(3):  # the pool's loops elsewhere ran at 3x its model
+        current().note_loop_run(spec.name, "pool", 66e-3, 22e-3)
+    used = _loop_of_three(spec, 2_000)
+    assert used[1].backend == "pool" and used[1].diagnostics["explored"], [r.diagnostics["step"] for r in used]
+    assert used[2].backend == "serial", [r.diagnostics["step"] for r in used]

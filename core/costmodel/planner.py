@@ -633,18 +633,29 @@ class Planner:
 
     def observe(self, spec: SolverSpec, implementation: str, problem: Any, seconds: float,
                 outputs: Mapping[str, Any] | None, cold: bool, nominal: Mapping[str, float] | None = None,
-                first_touch: bool = False, model: float | None = None) -> None:
+                first_touch: bool = False, model: float | None = None, trial: bool = False) -> None:
         """Learn from one solve: the loop's estimate for this problem, and (if warm) the model's history.
 
         ``first_touch``: the first run on this problem in this planner, which
         paid what later runs do not (its arrays' first pages, cold caches): the
         model's history keeps it, the loop's estimate does not. ``model``: the
         plan's model-alone prediction for the run (its loop factor's scale).
+
+        ``trial``: a contender's run in the leader's place, which must win in
+        the loop's own conditions: its loop factor counts only where under 1.
+        A factor learnt on other problems holds the model's misses there as
+        well as the loop's conditions, and on the VM the process pool's, 3,
+        made a 133 ms trial count as 43 ms, under numba:threads' 60 ms model
+        (44.7 ms back to back, the pool 58): the third call ran the pool, 30 %
+        slower. The leader's own runs are converted in full (rule 7: it is
+        what the loop keeps running, and a contender's bare model must not
+        outrun its every run).
         """
         nominal = spec.features(problem) if nominal is None else nominal
         # in the models' terms: a run over this process's loop factor (loop_factor), so that runs and models
         # of different implementations compare as the back-to-back runs that calibrated them
-        self.race(spec, nominal).add(implementation, seconds / self.loop_factor(spec.name, implementation, model),
+        factor = self.loop_factor(spec.name, implementation, model)
+        self.race(spec, nominal).add(implementation, seconds / (min(1.0, factor) if trial else factor),
                                      cold or first_touch)
         if not cold:  # a call that paid a one-off would bias the steady-state model
             self.record_solve(spec, implementation,
