@@ -76,6 +76,7 @@ SPEC = SolverSpec(
     supports=lambda problem, implementation: _supports(problem, implementation),
     parallel=lazy("plugins.spectra.solve", "solve_parallel"),
     parallel_tasks=lambda problem: float(len(_chunks(problem.n_spectra))),
+    compile_key=lambda problem, implementation: _compile_key(problem, implementation),
     span_feature="template_iterations",
     # numba:threads shares the batch's spectra among Numba's threads (solve_numba)
     thread_items={"numba:threads": lambda problem: float(problem.n_spectra)},
@@ -97,6 +98,12 @@ def _supports(problem: SpectraProblem, implementation: str) -> str:
     from plugins.spectra.solve import supports
 
     return supports(problem, implementation)
+
+
+def _compile_key(problem: SpectraProblem, implementation: str) -> tuple:
+    from plugins.spectra.solve import compile_key
+
+    return compile_key(problem, implementation)
 
 
 def _chunks(n: int) -> list[tuple[int, int]]:

@@ -21,7 +21,7 @@ import numpy as np
 
 from core import tasks
 from plugins.spectra.fit import ccf_design, ccf_start, finish, fit_clipped, usable
-from plugins.spectra.model import N_PARAMS, Spectra, check_spectra, prepare
+from plugins.spectra.model import ARMS, N_PARAMS, Spectra, check_spectra, prepare
 from plugins.spectra.ops import NumpyOps, TorchOps
 from plugins.spectra.problem import SpectraProblem
 from plugins.spectra.templates import TemplateLibrary
@@ -132,6 +132,15 @@ def fused_unsupported(problem: SpectraProblem | None = None) -> str:
     if not torch.cuda.is_available():
         return "the Triton spectrum kernels need a CUDA device"
     return ""
+
+
+def compile_key(problem: SpectraProblem, implementation: str) -> tuple:
+    """What the Triton variants compile their kernels for (the rest reuse the first compile): the continuum's
+    degree, the grid and the arm count set their constants (triton_kernels' constexprs); () for the others."""
+    if implementation not in ("torch:fused", "torch:graph"):
+        return ()
+    arms = len(problem.spectra.arm_names) if problem.spectra is not None else len(ARMS)  # synthetic: every arm
+    return (problem.degree, problem.grid, arms)
 
 
 def supports(problem: SpectraProblem, implementation: str) -> str:

@@ -32,6 +32,15 @@ order: the fused model agrees with the eager one to float32 rounding
 CPU; tests/test_spectra_gpu.py on a GPU). The interpreter runs the Python as
 written, so it cannot see how Triton's compiler reads a loop: see the note on
 the window of kernel taps in :func:`_resample_kernel`.
+
+Sizes that change from problem to problem (pixels, template pixels, kernel
+width, batch rows) are not specialised (``do_not_specialize``): Triton
+otherwise compiles a kernel again for an integer argument that is 1 or a
+multiple of 16, so a loop over problems of varied sizes would pay
+compiles the planner never declared. What does compile per problem, the
+constants (the continuum's terms, the parameter count, the kernel's
+half-width), is the solver's ``compile_key``: a new degree, grid or arm
+count is a one-off the cost model charges (``solve.compile_key``).
 """
 
 from __future__ import annotations
@@ -71,7 +80,7 @@ def _add_corner(table, row_stride, idx, w, dw, b, c, offsets, inside, log_flux, 
     return log_flux, d0, d1, d2, d3
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["row_stride", "n_template"])
 def _interpolate_exp_kernel(table, row_stride, idx, w, dw, out, n_template, active,
                             DERIVATIVES: tl.constexpr, BLOCK: tl.constexpr, MASKED: tl.constexpr = False):
     """Program (block, spectrum): F = exp(sum_c w_c lnF_c) and F * sum_c dw_ck lnF_c at BLOCK template pixels.
@@ -109,7 +118,7 @@ def _interpolate_exp_kernel(table, row_stride, idx, w, dw, out, n_template, acti
         tl.store(out + b * n_template + offsets, flux, mask=inside)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_pixels", "n_template", "width"])
 def _resample_kernel(channels, kernel, dkernel, reach, u0, shift, du_dv, out, n_pixels, n_template, width, active,
                      dlnw, HALF: tl.constexpr, DERIVATIVES: tl.constexpr, BLOCK: tl.constexpr,
                      MASKED: tl.constexpr = False, FROM_V: tl.constexpr = False):
@@ -228,7 +237,7 @@ def _resample_kernel(channels, kernel, dkernel, reach, u0, shift, du_dv, out, n_
         tl.store(out + b * n_pixels + offsets, acc0, mask=inside)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_pixels", "ncoef", "n_arms"])
 def _continuum_cross_kernel(shifted, flux, weight, local_basis, coeffs, arm_bounds, chi2_out, cross_out,
                             n_pixels, ncoef, n_arms, active, D: tl.constexpr, DP: tl.constexpr, BLOCK: tl.constexpr,
                             MASKED: tl.constexpr = False):
@@ -283,7 +292,7 @@ def _continuum_cross_kernel(shifted, flux, weight, local_basis, coeffs, arm_boun
     tl.store(target + 5 * DP, tl.sum(x5, 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_pixels", "ncoef", "n_arms"])
 def _projected_normal_kernel(shifted, flux, weight, local_basis, coeffs, projection, arm_bounds, out, n_pixels,
                              ncoef, n_arms, active, D: tl.constexpr, DP: tl.constexpr, BLOCK: tl.constexpr,
                              MASKED: tl.constexpr = False):
@@ -513,7 +522,7 @@ def _kernel_taps(vsini, step, taps):
     return total / 12.0
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def _rotation_kernel(p, kernel_out, dkernel_out, reach_out, n_rows, scalars,
                      HALF: tl.constexpr, WP: tl.constexpr, DERIVATIVE: tl.constexpr, ROWS: tl.constexpr):
     """Program (block of ROWS spectra): model.rotation_kernels and the resample's reach, in one launch.
@@ -546,7 +555,7 @@ def _rotation_kernel(p, kernel_out, dkernel_out, reach_out, n_rows, scalars,
     tl.store(reach_out + rows, reach.to(tl.int32), mask=inside)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_batch"])
 def _small_solve_kernel(a, rhs, x, n_batch, N: tl.constexpr, NP: tl.constexpr, K: tl.constexpr,
                         KP: tl.constexpr, BLOCK: tl.constexpr):
     """Program (block of BLOCK systems): x = a^-1 rhs for (B, N, N) a and (B, N, K) rhs, float64.
