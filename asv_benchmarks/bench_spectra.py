@@ -17,7 +17,7 @@ from plugins.spectra.problem import SpectraProblem
 from plugins.spectra.synth import synthetic_spectra
 from plugins.spectra.templates import named_library
 
-BACKENDS = ["numpy", "numba:serial", "numba:threads", "process", "torch", "torch:fused"]
+BACKENDS = ["numpy", "numba:serial", "numba:threads", "process", "torch", "torch:fused", "torch:graph"]
 BATCHES = [1, 8, 64, 512, 4096]
 GRID = "realistic"
 NUMPY_LIMIT = 64
@@ -32,11 +32,11 @@ def _skip(backend: str, batch: int) -> None:
     status = core.availability(backend.split(":", 1)[0])  # a variant runs on its backend
     if not status.available:
         raise NotImplementedError(f"backend {backend!r} is unavailable here: {status.reason}")
-    if backend == "torch:fused":
+    if backend in ("torch:fused", "torch:graph"):  # the Triton variants
         from plugins.spectra.solve import fused_unsupported
 
         if fused_unsupported():
-            raise NotImplementedError(f"torch:fused cannot run here: {fused_unsupported()}")
+            raise NotImplementedError(f"{backend} cannot run here: {fused_unsupported()}")
     if backend == "numpy" and batch > NUMPY_LIMIT:
         raise NotImplementedError(f"the numpy reference is timed up to {NUMPY_LIMIT} spectra")
 
