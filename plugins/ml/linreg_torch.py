@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from typing import Any
 
 import numpy as np
@@ -121,21 +120,24 @@ def upload(X: np.ndarray, y: np.ndarray, device: Any, weights: np.ndarray | None
 
 
 def to_device(values: np.ndarray, device: Any):
-    """``values`` on the device as they are (float64): converted there by the caller's copy.
+    """``values`` on the device in float32, converted on the host as the pinned copy is filled.
 
-    A float32 copy made on the host first is a new array on every solve,
-    and past glibc's largest reused block (32 MiB: 8M samples) its pages
-    fault in afresh each time: on the H200 host the graph variant took
-    1.8-1.9x its model at 16M samples and up to 2.5x at 32M, its model
-    fitted up to 8M. Sent as float64, the bytes over the bus double; the
-    host does no work.
+    The torch variants' cost at large sizes is this copy: from pageable
+    memory, about 2 ns a sample on the H200 host at every size from 1M to
+    16M samples (X and y in float64), where their epochs cost next to
+    nothing (``docs/results/gpu-2026-11-27l/a-graph-probe.txt``). Through
+    pinned memory filled by several threads, in float32
+    (:func:`core.backends.torch_upload.upload`), half the bytes cross the bus
+    and the host's copy runs on several cores. The rounding is the one the
+    device's conversion made before. (A float32 copy of the data made on the
+    host for each solve, as before that, paged its memory in afresh past
+    glibc's reused blocks: 1.8-2.5x the model at 16M-32M samples.)
     """
     import torch
 
-    with warnings.catch_warnings():
-        # a problem's arrays are read-only; the tensor over them is only read, by the copy to the device
-        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
-        return torch.from_numpy(np.ascontiguousarray(values)).to(device, non_blocking=True)
+    from core.backends.torch_upload import upload
+
+    return upload(values, device, torch.float32)
 
 
 def _initial(problem: LinRegProblem, device: Any):

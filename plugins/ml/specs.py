@@ -124,8 +124,9 @@ LINREG = SolverSpec(
     default_problem=LinRegProblem,
     summarize=linreg_summary,
     description="linear regression by full-batch gradient descent on the MSE (one pass per epoch)",
-    version="6",  # 3: the span feature, the Triton graph epoch, the quick space to 2M; 4: to 8M; 5: the spilled
-    # features (older timings lack them); 6: the torch variants convert on the device (linreg_torch.to_device)
+    version="7",  # 3: the span feature, the Triton graph epoch, the quick space to 2M; 4: to 8M; 5: the spilled
+    # features (older timings lack them); 6: the torch variants convert on the device (linreg_torch.to_device);
+    # 7: they upload through pinned memory (core.backends.torch_upload)
 )
 
 
