@@ -37,20 +37,22 @@ def upload(values: np.ndarray, device: Any, dtype: Any) -> Any:
     Large floating-point arrays on a CUDA device go through a pinned buffer
     (the module's docstring); anything else is copied as torch copies it.
     The values are converted as numpy converts them (round to nearest), the
-    same as a conversion on the device.
+    same as a conversion on the device. Where no pinned memory can be had,
+    it warns and copies from pageable memory.
     """
     import torch
 
     if (getattr(device, "type", str(device)) != "cuda" or values.nbytes < UPLOAD_FROM
             or values.dtype.kind != "f"):
-        with warnings.catch_warnings():
-            # a problem's arrays are read-only; the tensor over them is only read, by the copy to the device
-            warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
-            host = torch.as_tensor(np.ascontiguousarray(values))
-        return host.to(device=device, dtype=dtype, non_blocking=True)
+        return _as_torch_copies(values, device, dtype)
     source = np.ascontiguousarray(values).reshape(-1)
+    try:
+        buffer, copied = _next_buffer(torch, dtype, source.size)
+    except RuntimeError as error:  # no pinned memory to be had (the driver's limit): the pageable copy still works
+        warnings.warn(f"pinned host memory for a {values.nbytes / 2**20:.0f} MiB upload failed ({error}); "
+                      "copying from pageable memory", RuntimeWarning, stacklevel=2)
+        return _as_torch_copies(values, device, dtype)
     out = torch.empty(values.shape, dtype=dtype, device=device)
-    buffer, copied = _next_buffer(torch, dtype, source.size)
     copied.synchronize()  # this buffer's previous copy to the device has finished
     target = buffer.numpy()
     bounds = np.linspace(0, source.size, UPLOAD_THREADS + 1).astype(np.int64)
@@ -62,6 +64,16 @@ def upload(values: np.ndarray, device: Any, dtype: Any) -> Any:
     out.view(-1).copy_(buffer[:source.size], non_blocking=True)
     copied.record()
     return out
+
+
+def _as_torch_copies(values: np.ndarray, device: Any, dtype: Any) -> Any:
+    import torch
+
+    with warnings.catch_warnings():
+        # a problem's arrays are read-only; the tensor over them is only read, by the copy to the device
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        host = torch.as_tensor(np.ascontiguousarray(values))
+    return host.to(device=device, dtype=dtype, non_blocking=True)
 
 
 def _threads() -> ThreadPoolExecutor:
