@@ -17,7 +17,7 @@ import pytest
 import core
 from core.cli import main
 from core.costmodel import history
-from core.costmodel.design import AXIS_POINTS, calibration_design, with_size
+from core.costmodel.design import AXIS_POINTS, BEYOND_TOP, calibration_design, with_size
 from core.costmodel.features import model_features
 from core.costmodel.history import sample_record
 from core.costmodel.plan import curves
@@ -79,7 +79,7 @@ def test_every_dot_on_the_left_is_a_problem_of_the_curves_family_and_lies_on_its
     assert data.family.k != family.default_problem().k  # the design's ladder, not the default problem
     for name in COSTS:
         on = [p for p in data.points if p["implementation"] == name and p["on_family"]]
-        assert len(on) == AXIS_POINTS[True]  # the design's axis ladder
+        assert len(on) == AXIS_POINTS[True] + len(BEYOND_TOP)  # the design's axis ladder, carried past the top
         for point in on:
             i = int(np.flatnonzero(data.grid == point["size"])[0])  # each dot's size is a grid point
             problem = with_size(family, data.family, point["size"])

@@ -277,6 +277,18 @@ def test_the_design_identifies_every_feature(clean):
     assert max(p.n for p in held_out) > 1e6  # some beyond the top of the space
 
 
+def test_the_quick_design_measures_the_size_axis_past_its_top(clean):
+    """evaluate (and users) go past a quick space's top: its axis ladder carries on there, the full design not."""
+    from core.costmodel.design import BEYOND_TOP, calibration_design
+
+    (spec,) = _install(_spec("synthetic.beyond", {"serial": _echo}))
+    top = spec.space(True).ranges["n"][1]
+    beyond = [p for p in calibration_design(spec, quick=True) if p.n > top]
+    assert sorted(p.n for p in beyond) == [round(top * factor) for factor in BEYOND_TOP]
+    assert len({p.m for p in beyond}) == 1  # the ladder's other fields, at their middle
+    assert max(p.n for p in calibration_design(spec, quick=False)) <= spec.space(False).ranges["n"][1]
+
+
 def _seven_features(p):
     n, m = float(p.n), float(p.m)
     return {"n": n, "m": m, "nm": n * m, "nm2": n * m * m, "n2": n * n, "sqrt_n": n ** 0.5, "log_m": math.log1p(m)}
