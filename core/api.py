@@ -28,6 +28,7 @@ from core.costmodel.race import (
     learnt_nothing,
     model_missed,
     next_step,
+    outlier_reach,
     settled_step,
     settles,
     short_run_sample,
@@ -102,7 +103,7 @@ PLANNING = ("estimate", "race", "measure")
 
 def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[str, float],
          sampling: bool = False, first_touch: bool = False, model: float | None = None,
-         trial: bool = False) -> tuple[dict, float, bool]:
+         trial: bool = False, cold_above: float = math.inf) -> tuple[dict, float, bool]:
     """Run once, paying the backend's start first, and observe the timing. Returns (outputs, seconds, cold).
 
     A run is *cold* when it owed a one-off: this process had not yet run the
@@ -131,7 +132,9 @@ def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[s
     A warm run is also one of the process's loop runs against ``model``,
     the plan's model-alone prediction for it (Planner.loop_factor).
     ``trial``: the run of a contender tried in the leader's place
-    (Planner.observe).
+    (Planner.observe). ``cold_above``: a first run of the implementation on
+    this problem that takes longer is cold, as one that paid a one-off no
+    calibration declared (:func:`_undeclared_one_off`).
     """
     planner = current()
     planner.start_backend(get_registry().backends[backend_of(implementation)])
@@ -147,6 +150,8 @@ def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[s
         sample = seconds
         if sampling and not cold and seconds < SHORT_RUN:  # the repeats came after the first touch
             sample, first_touch = short_run_sample(lambda: run_once(spec, implementation, problem)[1]), False
+    if not cold and seconds > cold_above and not _ran_here(planner.race(spec, nominal), implementation):
+        cold = True
     planner.mark_paid(spec, implementation, problem)
     # a run beside a background warm-up is no sample of this implementation's speed: in a fresh process
     # numpy's FP solve took 0.37 s while numba loaded beside it, 0.16 s alone, and as a warm sample it cost
@@ -163,6 +168,29 @@ def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[s
         if not extrapolated:
             planner.record_one_off(spec, implementation, max(0.0, seconds - predicted))
     return outputs, seconds, cold
+
+
+def _ran_here(race: Any, implementation: str) -> bool:
+    return bool(race.warm.get(implementation) or race.cold.get(implementation))
+
+
+def _undeclared_one_off(step: Step, predicted: Any) -> float:
+    """How long a trial's first run on this problem may take before it is taken as cold (inf: never).
+
+    A GPU variant's first run on a new shape pays what its compile key
+    does not name: a CUDA graph captured, allocator blocks, pinned buffers
+    (spectra's torch:graph ran 99 ms against its model's 19 on the H200
+    host, common noise's torch:resident 585 ms against 17). As a warm
+    sample it was set aside, lone and above its model's band, the trial
+    taught nothing, and call 3 went back to the plan's pick: 29 % and 25 %
+    over the variant tried. A run :func:`~core.costmodel.race.outlier_reach`
+    over its model (3x beyond the model's band) is such a one-off, not the
+    variant's speed, so the trial runs again in the same call
+    (:func:`solve`), warm.
+    """
+    if not step.explore or predicted is None or not predicted.model_seconds:
+        return math.inf
+    return predicted.model_seconds * outlier_reach(predicted.model_error or 0.0)
 
 
 def _measure_close(spec: SolverSpec, problem: Any, decision: Plan, nominal: Mapping[str, float]) -> None:
@@ -352,9 +380,14 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     sampling = planning != "estimate" and step.contested and len(race.warm.get(used, [])) < SPREAD_AFTER
     predicted = decision.predictions.get(used)
     model = predicted.model_seconds if predicted is not None else None
-    outputs, seconds, cold = _run(spec, used, problem, nominal, sampling, first_touch, model, step.explore)
-    confirmed = None
-    # a trial is not run again: one that ran slow hands the next call back to the leader anyway
+    outputs, seconds, cold = _run(spec, used, problem, nominal, sampling, first_touch, model, step.explore,
+                                  _undeclared_one_off(step, predicted))
+    confirmed, again = None, "confirm"
+    if step.explore and cold and not first_touch and not (predicted and predicted.one_off_seconds):
+        # a trial whose first run paid a one-off nothing declared: a warm run is what it is for
+        confirmed = _run(spec, used, problem, nominal, sampling, model=model, trial=True)[1]
+        again = "time it warm after"
+    # a trial that ran warm is not run again: one that ran slow hands the next call back to the leader anyway
     if planning != "estimate" and not cold and not step.explore and _worth_confirming(decision, race, used):
         # its outputs are the same: the timing is what counts
         confirmed = _run(spec, used, problem, nominal, sampling, model=model)[1]
@@ -368,7 +401,7 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
                         if settling or unlearnt else None)
     return Result(solver=spec.name, backend=used, seconds=seconds, outputs=outputs, plan=decision,
                   diagnostics={"problem": type(problem).__name__, "first_call": cold,
-                               "step": step.reason + (f"; ran again to confirm its {seconds:.3g} s: {confirmed:.3g} s"
+                               "step": step.reason + (f"; ran again to {again} its {seconds:.3g} s: {confirmed:.3g} s"
                                                       if confirmed is not None else "")
                                + (f" ({'as' if settled.unlearnt else 'settled on'} call {settled.at}"
                                   f"{_since(settled, learnt)}: not planned again)" if settled else ""),

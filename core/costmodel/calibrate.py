@@ -258,10 +258,11 @@ def _calibrate_locked(spec: SolverSpec, quick: bool, budget: float, sample_cap: 
                 if climb.done:
                     continue
                 share = fair_shares(budget, climbs, len(design))[climb.row.backend]
-                # stopped before a problem that would take it past its share at its pace so far (the design is
-                # cheapest first): stopped only once past it, a slow climb kept its last problem's overshoot, and
-                # the cheap ones' needs, which fair_shares had granted, no longer fitted what was left
-                if climb.charged + (climb.charged / climb.visited if climb.visited else 0.0) > share:
+                # one granted less than its need stops before a problem that would take it past its share at its
+                # pace so far (the design is cheapest first): stopped only once past it, a slow climb kept its last
+                # problem's overshoot, and the cheap ones' needs, which fair_shares had granted, no longer fitted
+                pace = climb.charged / climb.visited if climb.visited else 0.0
+                if climb.charged > share or (share < climb.need(len(design)) and climb.charged + pace > share):
                     climb.row.stopped, climb.done = f"its share of the {budget:g} s budget spent ({share:.1f} s)", True
                     continue
                 climb.visited += 1
