@@ -117,7 +117,7 @@ def test_cli_page_has_a_section_for_every_subcommand():
 
 
 def test_cost_model_page_quotes_the_selection_rule_as_the_code_states_it():
-    from core.costmodel import calibrate, fit, plan
+    from core.costmodel import calibrate, design, fit, plan
 
     rule = [line.strip() for line in plan.__doc__.splitlines() if line.startswith("    ") and line.strip()]
     assert len(rule) == 5 and rule[0].startswith("cost(i)") and rule[-1].startswith("chosen")
@@ -144,6 +144,7 @@ def test_cost_model_page_quotes_the_selection_rule_as_the_code_states_it():
     }
     for name, value in stated.items():
         assert f"| `{name}` | {value:g} |" in page, f"docs/costmodel.md does not state {name} = {value:g}"
+    assert f"| `design.BEYOND_TOP` | {', '.join(f'{factor:g}' for factor in design.BEYOND_TOP)} |" in page
     # the prose quotes them too
     assert f"`OVERLAP` = {plan.OVERLAP:g} combined relative" in page
     assert f"**{fit.EXTRAPOLATION_FACTOR:g}x** of the range" in page
