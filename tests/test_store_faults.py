@@ -643,3 +643,17 @@ def test_auto_selection_measures_again_only_what_was_set_aside(empty_cache, fres
     history.forget()
     core.solve(TinyProblem(500), solver="faults.tiny")  # a later process: nothing left to measure again
     assert caplog.text.count("measuring spare again") == 1
+
+
+@pytest.mark.parametrize("fault", [{"at": []}, {"at": "today"}, {"nominal": {"n": "x"}}, {"fields": [1.0]}])
+def test_a_record_whose_time_stamp_or_work_fields_are_malformed_is_dropped(fault, fresh_registry, empty_cache):
+    """A calibration record with "at": [] (what the fuzz test above drew once) made the model's fit raise
+    "unhashable type: 'list'" on every plan: such a record is dropped as the store is read, and the rest fit."""
+    document = valid_document()
+    document["solvers"]["faults.kept"]["backends"]["numpy"]["calibration"][0].update(fault)
+    empty_cache.mkdir(parents=True, exist_ok=True)
+    (empty_cache / "wisdom.json").write_text(json.dumps(document))
+    history.forget()
+    with pytest.warns(wisdom.WisdomWarning, match="calibration\\[0\\] has"):
+        assert len(history.stored()["solvers"]["faults.kept"]["backends"]["numpy"]["calibration"]) == 2
+    assert history.model(KEPT, "numpy") is not None

@@ -403,8 +403,12 @@ def _record_fault(record: Any) -> str:
         return "has features that are not finite numbers >= 0"  # what check_spec asks of a solver's features
     if not _is_time(record.get("seconds")):
         return f"has seconds={str(record.get('seconds'))[:20]}"
-    if "size" in record and not _is_number(record["size"]):
-        return f"has size={str(record['size'])[:20]}"
+    for key in ("size", "at"):  # "at" keys the process's shared fits (planner._fit): a list there raised
+        if key in record and not _is_number(record[key]):
+            return f"has {key}={str(record[key])[:20]}"
+    for key in ("nominal", "fields"):  # what the expected-work model reads (planner._work_observation)
+        if key in record and not (isinstance(record[key], dict) and all(_is_number(v) for v in record[key].values())):
+            return f"has {key} that are not numbers"
     return ""
 
 
