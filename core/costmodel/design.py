@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -139,8 +139,9 @@ def calibration_design(spec: SolverSpec, quick: bool = True) -> list:
     features = len(spec.features(spec.default_problem())) + 1  # the rank the solver's own features can reach
     wanted = min(max(MIN_POINTS[quick], POINTS_PER_COEFFICIENT * model_coefficients(spec)), MAX_POINTS[quick])
     problems, seen = [], set()
-    filler = iter(_halton_params(spec, space, 4 * MAX_POINTS[quick], seed=0))
-    while True:
+
+    def add(candidates: Iterable[dict]) -> None:
+        """Each new, valid problem of ``candidates`` into the design (duplicates and refused points skipped)."""
         for params in candidates:
             key = _key(params)
             if key in seen:
@@ -149,6 +150,10 @@ def calibration_design(spec: SolverSpec, quick: bool = True) -> list:
             problem = try_problem(spec, params)
             if problem is not None:
                 problems.append(problem)
+
+    filler = iter(_halton_params(spec, space, 4 * MAX_POINTS[quick], seed=0))
+    while True:
+        add(candidates)
         if len(problems) >= wanted and _rank(spec, problems) >= features:
             break
         candidates = [params for params in (next(filler, None),) if params is not None]
@@ -156,12 +161,7 @@ def calibration_design(spec: SolverSpec, quick: bool = True) -> list:
             break
     if quick and spec.size_axis in space.ranges:  # on top of the in-space design, not in place of its points
         ladder = _params(spec, space, half, middle)
-        for factor in BEYOND_TOP:
-            params = _past_the_top(spec, space, ladder, factor)
-            problem = try_problem(spec, params) if _key(params) not in seen else None
-            if problem is not None:
-                seen.add(_key(params))
-                problems.append(problem)
+        add(_past_the_top(spec, space, ladder, factor) for factor in BEYOND_TOP)
     return _cost_order(spec, problems)
 
 

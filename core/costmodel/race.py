@@ -107,6 +107,10 @@ class Band:
     high: float
     samples: int  # warm samples behind it; 0: the model's guess alone
 
+    def scaled(self, factor: float) -> Band:
+        """The same estimate in other conditions: every bound times ``factor``."""
+        return Band(self.centre * factor, self.low * factor, self.high * factor, self.samples)
+
 
 @dataclass
 class Race:
@@ -425,7 +429,7 @@ def in_the_loops_conditions(estimated: Mapping[str, Band], models: Mapping[str, 
     scaled = dict(estimated)
     for key, band in estimated.items():
         if key != unscaled and not band.samples and family(key) == family(incumbent):
-            scaled[key] = Band(band.centre * factor, band.low * factor, band.high * factor, 0)
+            scaled[key] = band.scaled(factor)  # a band known only by its model: no samples to keep
     return scaled
 
 
@@ -601,8 +605,7 @@ def bounded_by_its_first_run(band: Band, cold: list[float] | None) -> Band:
     """
     if not cold or not 0 < min(cold) < band.centre:
         return band
-    scale = min(cold) / band.centre
-    return Band(band.centre * scale, band.low * scale, band.high * scale, band.samples)
+    return band.scaled(min(cold) / band.centre)
 
 
 def next_step(estimated: Mapping[str, Band], race: Race, first: str, calls_left: float,
