@@ -729,10 +729,13 @@ def test_expected_work_is_learnt_from_work_done(clean):
     assert plan.predictions["serial"].seconds == pytest.approx(20e-3, rel=0.05)
 
 
-def test_a_work_table_grows_by_a_row_and_matches_one_made_afresh(clean, monkeypatch):
-    """Each solve adds an observation; the table of log fields the nearest-work search reads grows by its row
-    (kept to the latest WORK_KEEP, as the observations are), and is what rebuilding it would give."""
+def test_a_work_table_grows_by_its_new_rows_on_the_next_plan_and_matches_one_made_afresh(clean, monkeypatch):
+    """Each solve adds an observation; the table of log fields the nearest-work search reads grows by their rows
+    when a plan next reads it (kept to the latest WORK_KEEP, as the observations are), never made afresh after
+    the first, and is what rebuilding it would give. A solve alone does not touch it."""
     monkeypatch.setattr(planning, "WORK_KEEP", 12)
+    afresh, made = planning._log_table, []
+    monkeypatch.setattr(planning, "_log_table", lambda seen, names: made.append(len(seen)) or afresh(seen, names))
     spec = _spec("synthetic.grows", {"serial": _sleeper(0.0)}, work_done=lambda p, outputs: {"n": float(p.n),
                                                                                               "m": p.m / 2})
     (spec,) = _install(spec)
@@ -741,17 +744,20 @@ def test_a_work_table_grows_by_a_row_and_matches_one_made_afresh(clean, monkeypa
     planner.record_calibration(spec, "serial", records, 0.0, {})
     problem = GridProblem(500, 40)
     names = tuple(planning.numeric_fields(problem))
-    for step in range(20):
-        planner.expected_work(spec, problem, spec.features(problem))  # makes (or reuses) the table
+    added = 0
+    for step in range(12):
+        planner.expected_work(spec, problem, spec.features(problem))  # makes (or grows) the table
         seen = planner._work_seen(spec)
         kept = planning._WORK_TABLES[(id(seen), names)]
-        assert kept[0] is seen and len(seen) == min(len(GRID) + step, 12)
-        np.testing.assert_array_equal(kept[1], planning._log_table(seen, names))
-        ran = GridProblem(100 + 37 * step, 3 + step)
-        planner.record_solve(spec, "serial", planning.sample_record(spec, "serial", ran, 1e-3, "solve",
-                                                                    {"n": np.array(ran.n)}))
-        grown = planner._work_seen(spec)
-        assert grown is not seen and (id(grown), names) in planning._WORK_TABLES  # grown, not made on next use
+        assert kept[0] is seen and len(seen) == min(len(GRID) + added, 12)
+        np.testing.assert_array_equal(kept[1], afresh(seen, names))
+        assert made == [len(GRID)]  # made once, grown since
+        for extra in range(step % 3 + 1):  # one to three solves between plans
+            ran = GridProblem(100 + 37 * step + extra, 3 + step)
+            planner.record_solve(spec, "serial", planning.sample_record(spec, "serial", ran, 1e-3, "solve",
+                                                                        {"n": np.array(ran.n)}))
+            added += 1
+        assert (id(planner._work_seen(spec)), names) not in planning._WORK_TABLES  # no plan yet: not grown
 
 
 def _counted(seconds, runs):

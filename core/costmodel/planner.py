@@ -164,7 +164,8 @@ class Planner:
         self._tag = f"{os.getpid()}-{time.time_ns()}"  # this planner's process, among those the store remembers
         self._races: dict[tuple[str, tuple], Race] = {}
         self._work: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {}
-        self._work_names: dict[str, set[tuple[str, ...]]] = {}  # the field names each solver's table was made for
+        # the last log-field table made for each solver and field names (_work_table)
+        self._work_tables: dict[tuple[str, tuple[str, ...]], tuple[list, np.ndarray]] = {}
         self._retaken: set[tuple[str, str]] = set()
         self._pending: list[tuple[str, str, str, dict[str, Any]]] = []
         self._last_flush = 0.0
@@ -405,42 +406,49 @@ class Planner:
         plus one per field of ``here`` the observation lacks (infinite when
         they share none).
 
-        In numpy over a table of the observations' log fields, kept until an
-        observation is added: sorting them in Python took 90-210 us a plan
-        on the VM, a third of a first call's overhead on a small problem.
+        In numpy over a table of the observations' log fields, grown as
+        observations are added (:meth:`_work_table`): sorting them in Python
+        took 90-210 us a plan on the VM, a third of a first call's overhead
+        on a small problem.
         """
         names = tuple(here)
-        # a list of observations is never changed in place (_add_work makes a new one), so it is its
-        # table's key; the entry holds the list, so its id is not reused while the table is kept
-        table = _shared(_WORK_TABLES, (id(seen), names), lambda: (seen, _log_table(seen, names)))[1]
-        self._work_names.setdefault(spec.name, set()).add(names)
-        width = len(names)
+        table = self._work_table(spec.name, seen, names)
         logs = [math.log(here[n]) for n in names]
         # sum(mask * (log there - log here)^2) + missing, expanded: the table's layout (_log_row) leaves one
         # matrix-vector product per plan (6 us over 400 observations on the VM, where the differences,
-        # squares and sum took 19)
-        distance = table[:, :2 * width] @ ([-2.0 * x for x in logs] + [x * x for x in logs]) + table[:, 2 * width]
+        # squares and sum took 19), its last column (the observation's own share) weighed 1
+        distance = table @ np.array([-2.0 * x for x in logs] + [x * x for x in logs] + [1.0])
         # the expansion rounds otherwise than the differences: equal distances (equal fields) stay equal
         return np.argsort(distance.round(9), kind="stable")[:WORK_NEIGHBOURS].tolist()
 
-    def _add_work(self, spec: SolverSpec, record: Mapping[str, Any]) -> None:
-        """Add a solve's work observation, and a row to each log table made for the old list.
+    def _work_table(self, solver: str, seen: list, names: tuple[str, ...]) -> np.ndarray:
+        """The log-field table of ``seen`` (:func:`_log_table`), grown from this planner's last one where it can be.
 
-        The tables grow by a row: made afresh from the observations, a
-        long-lived planner's first call on each new problem rebuilt one over
-        up to :data:`WORK_KEEP` of them, and its overhead grew from 0.29 ms
-        to 0.77 ms over 200 small HJB problems on the VM.
+        Grown as a plan asks for it, not as a solve adds an observation: a
+        loop that settles plans nothing more, and growing the table on each
+        of its solves cost 5-6 us a call on the VM that no plan then read.
+        Made afresh, a long-lived planner's first call on each new problem
+        rebuilt it over up to :data:`WORK_KEEP` observations, and its
+        overhead grew from 0.29 ms to 0.77 ms over 200 small HJB problems.
         """
+        # a list of observations is never changed in place (_add_work makes a new one), so it is its
+        # table's key; the entry holds the list, so its id is not reused while the table is kept
+        kept = _WORK_TABLES.get((id(seen), names))
+        if kept is not None and kept[0] is seen:
+            return kept[1]
+        earlier = self._work_tables.get((solver, names))
+        table = _grown_table(earlier[0], earlier[1], seen, names) if earlier is not None else None
+        if table is None:
+            table = _log_table(seen, names)
+        self._work_tables[(solver, names)] = (seen, table)
+        return _shared(_WORK_TABLES, (id(seen), names), lambda: (seen, table))[1]
+
+    def _add_work(self, spec: SolverSpec, record: Mapping[str, Any]) -> None:
+        """Add a solve's work observation (the next plan grows its log table by it: :meth:`_work_table`)."""
         if "nominal" not in record or "fields" not in record:
             return
         seen = self._work_seen(spec)  # a new list: the old one may be shared (_work_seen)
-        observation = _work_observation(record)
-        grown = self._work[spec.name] = [*seen, observation][-WORK_KEEP:]
-        for names in self._work_names.get(spec.name, ()):
-            kept = _WORK_TABLES.get((id(seen), names))
-            if kept is not None and kept[0] is seen:
-                table = np.asfortranarray(np.concatenate([kept[1], [_log_row(observation[0], names)]])[-WORK_KEEP:])
-                _shared(_WORK_TABLES, (id(grown), names), lambda table=table: (grown, table))
+        self._work[spec.name] = [*seen, _work_observation(record)][-WORK_KEEP:]
 
     # -- one-off costs -----------------------------------------------------------------
 
@@ -782,6 +790,20 @@ def _log_table(seen: list, names: tuple[str, ...]) -> np.ndarray:
     column order (a plan reads its columns)."""
     rows = [_log_row(fields, names) for fields, _ in seen]
     return np.asfortranarray(np.array(rows, dtype=float).reshape(len(seen), 2 * len(names) + 1))
+
+
+def _grown_table(old: list, table: np.ndarray, seen: list, names: tuple[str, ...]) -> np.ndarray | None:
+    """``table`` (of the observations ``old``) grown to those of ``seen``, or None where ``seen`` does not
+    continue ``old`` (observations are only appended, and the oldest dropped past :data:`WORK_KEEP`)."""
+    if not old or not seen:
+        return None
+    last = old[-1]
+    at = next((i for i in range(len(seen) - 1, -1, -1) if seen[i] is last), None)
+    if at is None or at + 1 > len(old):
+        return None
+    rows = [_log_row(fields, names) for fields, _ in seen[at + 1:]]
+    grown = np.concatenate([table, rows]) if rows else table
+    return np.asfortranarray(grown[len(grown) - len(seen):])
 
 
 def _log_row(fields: Mapping[str, float], names: tuple[str, ...]) -> list[float]:
