@@ -14,9 +14,9 @@ from typing import Any
 
 from core import limits
 from core.backend import Availability, safe_describe
-from core.costmodel.calibrate import measure_outputs
+from core.costmodel.calibrate import ensure_calibrated, measure_outputs
 from core.costmodel.features import model_features
-from core.costmodel.plan import plan, recent_free_memory
+from core.costmodel.plan import plan, plan_problem, recent_free_memory
 from core.costmodel.planner import accepts_planner, current, numeric_key
 from core.costmodel.race import (
     SHORT_RUN,
@@ -354,8 +354,8 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     else:
         began, fits = time.perf_counter(), planner.fits
         if backend == "auto":
-            decision = plan(problem, solver=spec.name, expected_calls=expected_calls, calibrate=True,
-                            explain=False)
+            ensure_calibrated(spec)
+            decision = plan_problem(spec, problem, nominal, expected_calls, race)
             tier_up(spec, decision)
         else:
             decision = _named(spec, problem, backend, expected_calls)

@@ -314,8 +314,8 @@ def test_a_settled_loop_runs_its_leader_unplanned_until_a_run_passes_the_runner_
     _calibrate(spec, "serial", lambda p: 3e-3, GRID)
     _calibrate(spec, "pool", lambda p: 1.5e-2, GRID)
     planned = []
-    monkeypatch.setattr(api, "plan", lambda *a, **k: planned.append(1) or plan(*a, **k))
-    plan = core.plan
+    plan = api.plan_problem
+    monkeypatch.setattr(api, "plan_problem", lambda *a, **k: planned.append(1) or plan(*a, **k))
     problem = GridProblem(1_000, 10)
     steps, said = [], []
     for _ in range(12):
@@ -353,8 +353,8 @@ def test_a_second_call_reuses_the_first_only_while_nothing_it_weighed_has_change
     _calibrate(spec, "device", lambda p: 2.0e-2, GRID, one_off=0.18)
     _calibrate(spec, "serial", lambda p: 4.0e-2, GRID)
     planned = []
-    real = api.plan
-    monkeypatch.setattr(api, "plan", lambda *a, **k: planned.append(1) or real(*a, **k))
+    real = api.plan_problem
+    monkeypatch.setattr(api, "plan_problem", lambda *a, **k: planned.append(1) or real(*a, **k))
 
     def loop(problem, calls, expected):
         found = []
@@ -745,19 +745,46 @@ def test_a_work_table_grows_by_its_new_rows_on_the_next_plan_and_matches_one_mad
     problem = GridProblem(500, 40)
     names = tuple(planning.numeric_fields(problem))
     added = 0
-    for step in range(12):
+    for step in range(30):  # past WORK_KEEP rows added: the buffer moves
         planner.expected_work(spec, problem, spec.features(problem))  # makes (or grows) the table
         seen = planner._work_seen(spec)
-        kept = planning._WORK_TABLES[(id(seen), names)]
-        assert kept[0] is seen and len(seen) == min(len(GRID) + added, 12)
-        np.testing.assert_array_equal(kept[1], afresh(seen, names))
+        kept = planner._work_tables[(spec.name, names)]
+        assert kept.seen is seen and len(seen) == min(len(GRID) + added, 12)
+        np.testing.assert_array_equal(kept.rows(), afresh(seen, names))
         assert made == [len(GRID)]  # made once, grown since
         for extra in range(step % 3 + 1):  # one to three solves between plans
             ran = GridProblem(100 + 37 * step + extra, 3 + step)
             planner.record_solve(spec, "serial", planning.sample_record(spec, "serial", ran, 1e-3, "solve",
                                                                         {"n": np.array(ran.n)}))
             added += 1
-        assert (id(planner._work_seen(spec)), names) not in planning._WORK_TABLES  # no plan yet: not grown
+        assert planner._work_tables[(spec.name, names)].seen is seen  # no plan yet: not grown
+
+
+def test_a_shared_work_table_is_copied_before_a_planner_grows_it(clean):
+    """Fresh planners from one calibration share the table made afresh over its observations; one that grows
+    it does so in a copy of its own, and the others' stays that of the calibration."""
+    spec = _spec("synthetic.shared", {"serial": _sleeper(0.0)}, work_done=lambda p, outputs: {"n": float(p.n),
+                                                                                               "m": p.m / 2})
+    (spec,) = _install(spec)
+    records = [planning.sample_record(spec, "serial", p, 1e-3, "calibration", {"n": np.array(p.n)}) for p in GRID]
+    current().record_calibration(spec, "serial", records, 0.0, {})
+    problem = GridProblem(500, 40)
+    names = tuple(planning.numeric_fields(problem))
+    first, second = Planner.from_calibration(current()), Planner.from_calibration(current())
+    first.expected_work(spec, problem, spec.features(problem))
+    second.expected_work(spec, problem, spec.features(problem))
+    shared = second._work_tables[(spec.name, names)].rows()
+    assert first._work_tables[(spec.name, names)].buffer is second._work_tables[(spec.name, names)].buffer
+    before = shared.copy()
+    for n in (101, 202, 303):
+        ran = GridProblem(n, 7)
+        first.record_solve(spec, "serial", planning.sample_record(spec, "serial", ran, 1e-3, "solve",
+                                                                  {"n": np.array(ran.n)}))
+    first.expected_work(spec, problem, spec.features(problem))
+    grown = first._work_tables[(spec.name, names)].rows()
+    np.testing.assert_array_equal(grown, planning._log_table(first._work_seen(spec), names))
+    np.testing.assert_array_equal(shared, before)  # the other planner's, untouched
+    assert len(grown) == len(shared) + 3
 
 
 def _counted(seconds, runs):

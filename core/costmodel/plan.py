@@ -221,11 +221,20 @@ def plan(problem: Any, *, solver: str | None = None, expected_calls: float | Non
         margin = check_float("margin", margin, minimum=0)
     if calibrate:
         ensure_calibrated(spec)
+    nominal = spec.features(problem)
+    return plan_problem(spec, problem, nominal, expected_calls, current().known_race(spec, nominal), margin=margin,
+                        explain=explain, only=only)
+
+
+def plan_problem(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], expected_calls: float | None,
+                 race: Any, *, margin: float | None = None, explain: bool = False,
+                 only: Sequence[str] | None = None) -> Plan:
+    """:func:`plan` of a solver already found (and calibrated), with the problem's features and its loop's
+    ``race`` (None before any) known: what ``core.solve`` asks on a new problem's first call, where
+    finding them again was 3-5 us of a 40 us kernel's overhead on the VM."""
     calls = effective_calls(spec, expected_calls)
     planner = current()
-    nominal = spec.features(problem)
     view = _view(spec, problem, nominal, only)
-    race = planner.known_race(spec, nominal)
     backends = get_registry().backends
     predictions: dict[str, Prediction] = {}
     excluded: dict[str, str] = {}

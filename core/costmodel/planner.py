@@ -165,7 +165,7 @@ class Planner:
         self._races: dict[tuple[str, tuple], Race] = {}
         self._work: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {}
         # the last log-field table made for each solver and field names (_work_table)
-        self._work_tables: dict[tuple[str, tuple[str, ...]], tuple[list, np.ndarray]] = {}
+        self._work_tables: dict[tuple[str, tuple[str, ...]], _LogTable] = {}
         self._retaken: set[tuple[str, str]] = set()
         self._pending: list[tuple[str, str, str, dict[str, Any]]] = []
         self._last_flush = 0.0
@@ -429,19 +429,21 @@ class Planner:
         of its solves cost 5-6 us a call on the VM that no plan then read.
         Made afresh, a long-lived planner's first call on each new problem
         rebuilt it over up to :data:`WORK_KEEP` observations, and its
-        overhead grew from 0.29 ms to 0.77 ms over 200 small HJB problems.
+        overhead grew from 0.29 ms to 0.77 ms over 200 small HJB problems;
+        grown by a copy, 28 us of a first call's (:class:`_LogTable`).
         """
-        # a list of observations is never changed in place (_add_work makes a new one), so it is its
-        # table's key; the entry holds the list, so its id is not reused while the table is kept
-        kept = _WORK_TABLES.get((id(seen), names))
-        if kept is not None and kept[0] is seen:
-            return kept[1]
         earlier = self._work_tables.get((solver, names))
-        table = _grown_table(earlier[0], earlier[1], seen, names) if earlier is not None else None
-        if table is None:
-            table = _log_table(seen, names)
-        self._work_tables[(solver, names)] = (seen, table)
-        return _shared(_WORK_TABLES, (id(seen), names), lambda: (seen, table))[1]
+        if earlier is not None and earlier.seen is seen:
+            return earlier.rows()
+        if earlier is None or not earlier.grow(seen, names):
+            # made afresh: shared by this process's planners over the same observations (evaluate's fresh planner
+            # per problem), until one grows its copy. A list of observations is never changed in place (_add_work
+            # makes a new one), so it is its table's key; the entry holds the list, so its id is not reused
+            # while the table is kept
+            table = _shared(_WORK_TABLES, (id(seen), names), lambda: (seen, _log_table(seen, names)))[1]
+            self._work_tables[(solver, names)] = _LogTable(seen, table)
+            return table
+        return earlier.rows()
 
     def _add_work(self, spec: SolverSpec, record: Mapping[str, Any]) -> None:
         """Add a solve's work observation (the next plan grows its log table by it: :meth:`_work_table`)."""
@@ -792,18 +794,45 @@ def _log_table(seen: list, names: tuple[str, ...]) -> np.ndarray:
     return np.asfortranarray(np.array(rows, dtype=float).reshape(len(seen), 2 * len(names) + 1))
 
 
-def _grown_table(old: list, table: np.ndarray, seen: list, names: tuple[str, ...]) -> np.ndarray | None:
-    """``table`` (of the observations ``old``) grown to those of ``seen``, or None where ``seen`` does not
-    continue ``old`` (observations are only appended, and the oldest dropped past :data:`WORK_KEEP`)."""
-    if not old or not seen:
-        return None
-    last = old[-1]
-    at = next((i for i in range(len(seen) - 1, -1, -1) if seen[i] is last), None)
-    if at is None or at + 1 > len(old):
-        return None
-    rows = [_log_row(fields, names) for fields, _ in seen[at + 1:]]
-    grown = np.concatenate([table, rows]) if rows else table
-    return np.asfortranarray(grown[len(grown) - len(seen):])
+class _LogTable:
+    """A planner's log-field table of a list of observations (:func:`_log_table`), grown in place.
+
+    Rows are written after the last in a buffer of twice :data:`WORK_KEEP`
+    rows, and the table is a view of its last ``len(seen)``: copied whole on
+    each growth (and its old copies kept), a long-lived planner's first call
+    on a new small HJB problem spent 28-100 us growing it on the VM. A table
+    shared with other planners (:data:`_WORK_TABLES`) is copied into a
+    buffer of this planner's own before its first growth.
+    """
+
+    def __init__(self, seen: list, table: np.ndarray):
+        self.seen, self.buffer, self.stop = seen, table, len(table)
+
+    def rows(self) -> np.ndarray:
+        return self.buffer[self.stop - len(self.seen):self.stop]
+
+    def grow(self, seen: list, names: tuple[str, ...]) -> bool:
+        """Grow to the observations ``seen``; False where they do not continue this table's (observations are
+        only appended, the oldest dropped past :data:`WORK_KEEP`)."""
+        if not self.seen or not seen:
+            return False
+        last = self.seen[-1]
+        at = next((i for i in range(len(seen) - 1, -1, -1) if seen[i] is last), None)
+        if at is None or at + 1 > len(self.seen):
+            return False
+        new = [_log_row(fields, names) for fields, _ in seen[at + 1:]]
+        kept = self.rows()[len(self.rows()) - (at + 1):]  # the rows of seen[:at + 1]
+        if self.stop + len(new) > len(self.buffer) or self.buffer is not self._own:
+            # into a buffer of this planner's own, with room for WORK_KEEP more rows: a copy per WORK_KEEP rows
+            buffer = np.empty((len(kept) + len(new) + WORK_KEEP, kept.shape[1]))
+            buffer[:len(kept)] = kept
+            self.buffer, self._own, self.stop = buffer, buffer, len(kept)
+        self.buffer[self.stop:self.stop + len(new)] = new
+        self.stop += len(new)
+        self.seen = seen
+        return True
+
+    _own: np.ndarray | None = None  # the buffer this planner made (None while the table is a shared one)
 
 
 def _log_row(fields: Mapping[str, float], names: tuple[str, ...]) -> list[float]:
