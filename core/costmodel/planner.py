@@ -214,6 +214,7 @@ class Planner:
             self._calls.clear()
             self._races.clear()
             self._work.clear()
+            self._work_tables.clear()
             self.views.clear()
             self.process.warned.clear()
             self._retaken.clear()
@@ -249,6 +250,7 @@ class Planner:
             self._stored = copied if self._off() else store.update(change)
             self._models.clear()
             self._work.clear()
+            self._work_tables.clear()
             self.epoch += 1
 
     def entry(self, spec: SolverSpec, implementation: str) -> dict[str, Any] | None:
