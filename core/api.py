@@ -139,6 +139,7 @@ def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[s
     planner = current()
     planner.start_backend(get_registry().backends[backend_of(implementation)])
     first = not planner.is_paid(spec, implementation, problem)
+    shape_only = first and planner.has_run(spec, implementation)  # a new shape of an implementation run here
     cold = first and planner.implementation_one_off(spec, implementation, problem) > 0
     overlapped = warming()  # a background warm-up (tier_up) shares the cores with this run
     # with no calibration to say what a first run owes, the loop does not take it as warm either: an
@@ -166,7 +167,7 @@ def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[s
         # when the model can be trusted here (an extrapolation would blame its own error)
         predicted, extrapolated = fitted.predict(model_features(spec, problem, implementation))
         if not extrapolated:
-            planner.record_one_off(spec, implementation, max(0.0, seconds - predicted))
+            planner.record_one_off(spec, implementation, max(0.0, seconds - predicted), shape=shape_only)
     return outputs, seconds, cold
 
 

@@ -227,6 +227,60 @@ def test_a_compiled_variant_pays_its_one_off_per_shape(clean):
     assert plan.predictions["serial"].one_off_seconds == 0.0  # compiled once per process
 
 
+def _compiles_per_shape(whole, per_shape, seen):
+    # the first call in the process compiles for ``whole`` s; a first call at each new n after it, ``per_shape``
+    def run(problem):
+        if problem.n not in seen:
+            time.sleep(per_shape if seen else whole)
+            seen.add(problem.n)
+        return {"n": np.array(problem.n)}
+    return run
+
+
+def test_calibration_measures_a_shape_s_one_off_apart_from_the_first_compile(clean):
+    """torch.compile's linreg epoch took 18.7 s to compile and 15-90 ms at each new size after it (H200 host).
+    Calibration keeps the two apart: the first warm-up's excess is the whole one-off, those at later shapes
+    a shape's; a new shape then owes a shape's one-off once the implementation has run here, the whole one
+    before (a new process)."""
+    from core.costmodel.calibrate import calibrate_solver
+
+    seen: set = set()
+    (spec,) = _install(_spec("synthetic.per_shape", {"device:compiled": _compiles_per_shape(0.4, 0.05, seen),
+                                                     "serial": _echo},
+                             compile_key=lambda p, key: (p.n,) if key == "device:compiled" else ()))
+    calibrate_solver(spec, quick=True, budget=2.0)
+    slot = history.entry(spec, "device:compiled")
+    assert slot["one_off_seconds"] == pytest.approx(0.4, abs=0.1)
+    assert slot["shape_one_off_seconds"] == pytest.approx(0.05, abs=0.03)
+    assert len(slot["shape_one_off_observations"]) >= 2
+    assert "shape_one_off_seconds" not in history.entry(spec, "serial")  # one compile a process: no shapes
+    new, paid = GridProblem(4_321, 10), GridProblem(next(iter(seen)), 10)
+    assert history.implementation_one_off(spec, "device:compiled", new) == slot["shape_one_off_seconds"]
+    assert history.implementation_one_off(spec, "device:compiled", paid) == 0.0
+    facts = history.current().process
+    facts.paid.clear()  # a new process: nothing has run
+    facts.ran.clear()
+    assert history.implementation_one_off(spec, "device:compiled", new) == slot["one_off_seconds"]
+
+
+def test_a_solve_at_a_new_shape_adds_a_shape_s_one_off(clean):
+    """A real first call at a new shape, after the implementation ran at another, is an observation of a
+    shape's one-off (its excess over the model), not of the whole one-off."""
+    seen: set = set()
+    (spec,) = _install(_spec("synthetic.observed_shapes", {"device:compiled": _compiles_per_shape(0.2, 0.05, seen),
+                                                           "serial": _echo},
+                             compile_key=lambda p, key: (p.n,) if key == "device:compiled" else ()))
+    _calibrate(spec, "device:compiled", lambda p: 1e-3, GRID, one_off=0.2)
+    _calibrate(spec, "serial", lambda p: 1e-2, GRID)
+    core.solve(GridProblem(1_000, 10), backend="device:compiled", solver=spec.name)
+    slot = history.entry(spec, "device:compiled")
+    assert "shape_one_off_observations" not in slot and len(slot["one_off_observations"]) == 2
+    core.solve(GridProblem(2_000, 10), backend="device:compiled", solver=spec.name)
+    slot = history.entry(spec, "device:compiled")
+    assert slot["shape_one_off_observations"] == [pytest.approx(0.05, abs=0.03)]
+    assert len(slot["one_off_observations"]) == 2  # unchanged
+
+
 def test_repeated_calls_raise_the_expected_count_until_a_one_off_pays_for_itself(clean):
     (spec,) = _install(_spec("synthetic.loop", {"serial": _echo, "device": _echo}))
     _calibrate(spec, "serial", lambda p: 0.1, GRID)

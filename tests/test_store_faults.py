@@ -657,3 +657,17 @@ def test_a_record_whose_time_stamp_or_work_fields_are_malformed_is_dropped(fault
     with pytest.warns(wisdom.WisdomWarning, match="calibration\\[0\\] has"):
         assert len(history.stored()["solvers"]["faults.kept"]["backends"]["numpy"]["calibration"]) == 2
     assert history.model(KEPT, "numpy") is not None
+
+
+@pytest.mark.parametrize("fault", [{"shape_one_off_seconds": -1.0}, {"shape_one_off_seconds": "fast"},
+                                   {"shape_one_off_observations": [0.1, float("nan")]}])
+def test_a_malformed_shape_one_off_drops_its_slot(fault, fresh_registry, empty_cache):
+    """A shape's one-off is stored as the whole one-off is (a median of observations): one that is not a time
+    drops its slot as the store is read, and says so; the rest stays."""
+    document = valid_document()
+    document["solvers"]["faults.kept"]["backends"]["numpy"].update(fault)
+    empty_cache.mkdir(parents=True, exist_ok=True)
+    (empty_cache / "wisdom.json").write_text(json.dumps(document))
+    history.forget()
+    with pytest.warns(wisdom.WisdomWarning, match="shape_one_off"):
+        assert "numpy" not in history.stored()["solvers"]["faults.kept"]["backends"]

@@ -87,6 +87,8 @@ class BackendCalibration:
     stored_samples: int = 0  # samples the wisdom store holds for it afterwards: these and earlier ones (merged)
     # every warm-up's excess over its timed median: compiles, wherever a problem first needs one
     warm_up_excess: float = 0.0
+    # the warm-ups' excesses at each new shape after its first run here (SolverSpec.compile_key): a shape's one-off
+    shape_one_offs: list[float] = field(default_factory=list)
 
 
 class CalibrationInterrupted(KeyboardInterrupt):
@@ -306,7 +308,7 @@ def _store(spec: SolverSpec, climb: _Climb) -> int:
         return len(stored)
     merged = store.merge_calibration(stored, climb.records)
     details = safe_describe(get_registry().backends[backend_of(key)])
-    history.record_calibration(spec, key, merged, climb.row.one_off_seconds, details)
+    history.record_calibration(spec, key, merged, climb.row.one_off_seconds, details, climb.row.shape_one_offs)
     return len(merged)
 
 
@@ -342,6 +344,8 @@ def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: floa
         if predicted is None or predicted > sample_cap:
             climb.row.skipped += 1
             return
+    # a shape this implementation has not run at, after its first run here: the warm-up pays a shape's one-off
+    new_shape = not first_run[key] and spec.compile_key is not None and not history.is_paid(spec, key, problem)
     began, paused_before = time.perf_counter(), _paused[0]
     try:
         warm_up, timed, outputs = measure_outputs(spec, key, problem, repeats)
@@ -362,6 +366,8 @@ def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: floa
     if first_run[key]:
         first_run[key] = False
         climb.row.one_off_seconds = excess
+    elif new_shape:
+        climb.row.shape_one_offs.append(excess)
     history.mark_paid(spec, key, problem)
     # the features of the work the runs really did: where convergence ends a solve early, the model learns
     # the cost of the work done, and the planner learns how much work such problems do

@@ -79,6 +79,7 @@ class ProcessFacts:
 
     started: set[str] = field(default_factory=set)
     paid: set[tuple[str, str, Hashable]] = field(default_factory=set)
+    ran: set[tuple[str, str]] = field(default_factory=set)  # (solver, implementation) run here at any shape
     version: int = 0  # bumped when anything is paid: a cached plan's one-offs are then stale
     # plan.py's free-memory readings (when read, each backend's): a fact of the process, so a fresh
     # planner (evaluate's, one per held-out problem) does not open /proc and cgroup files again
@@ -221,6 +222,7 @@ class Planner:
             self._pending.clear()
             self.process.started.clear()
             self.process.paid.clear()
+            self.process.ran.clear()
             self.process.memory_read = (-math.inf, {})
             self.process.loop_runs.clear()  # runs over the models forgotten here
             self.epoch += 1
@@ -461,10 +463,27 @@ class Planner:
         return spec.name, implementation, shape
 
     def implementation_one_off(self, spec: SolverSpec, implementation: str, problem: Any) -> float:
-        """The implementation's stored one-off (JIT) if still unpaid here for this problem's shape, else 0."""
+        """The implementation's stored one-off if still unpaid here for this problem's shape, else 0.
+
+        Its first run in the process pays the whole one-off (a JIT, a
+        compile); a run at a new shape after that pays the one-off of a
+        shape (``shape_one_off_seconds``, where calibration or earlier solves
+        measured it; else the whole one-off, as before it was kept apart).
+        torch.compile's linreg epoch took 18.7 s to compile in a process and
+        15-90 ms at each new size after it (H200 host): charged the first
+        per size, a contender was never worth a trial; charged nothing, a
+        trial on a 7 ms problem paid 338 ms unforeseen.
+        """
         if self._paid_key(spec, implementation, problem) in self.process.paid:
             return 0.0
-        return float((self.entry(spec, implementation) or {}).get("one_off_seconds", 0.0))
+        slot = self.entry(spec, implementation) or {}
+        if self.has_run(spec, implementation) and "shape_one_off_seconds" in slot:
+            return float(slot["shape_one_off_seconds"])
+        return float(slot.get("one_off_seconds", 0.0))
+
+    def has_run(self, spec: SolverSpec, implementation: str) -> bool:
+        """Whether the implementation has run in this process, at any shape (its whole one-off is paid)."""
+        return (spec.name, implementation) in self.process.ran
 
     def backend_one_off(self, backend: str) -> float:
         """The backend's stored start cost if it has not started in this process, else 0."""
@@ -484,6 +503,7 @@ class Planner:
         key = self._paid_key(spec, implementation, problem)
         if key not in self.process.paid:
             self.process.paid.add(key)
+            self.process.ran.add((spec.name, implementation))
             self.process.version += 1
 
     def start_backend(self, backend: Backend) -> float | None:
@@ -514,12 +534,13 @@ class Planner:
         self._change(lambda data: _add_observation(data.setdefault("backends", {}).setdefault(backend, {}),
                                                    "start", seconds))
 
-    def record_one_off(self, spec: SolverSpec, implementation: str, seconds: float) -> None:
-        """Add an observed one-off cost (a first call's excess over the model) for a calibrated pair."""
+    def record_one_off(self, spec: SolverSpec, implementation: str, seconds: float, shape: bool = False) -> None:
+        """Add an observed one-off cost (a first call's excess over the model) for a calibrated pair: the whole
+        one-off, or with ``shape`` that of a new shape after the implementation had run at another."""
         def change(data: dict[str, Any]) -> None:
             entry = data["solvers"].get(spec.name)
             if entry is not None and entry.get("version") == spec.version and implementation in entry["backends"]:
-                _add_observation(entry["backends"][implementation], "one_off", seconds)
+                _add_observation(entry["backends"][implementation], "shape_one_off" if shape else "one_off", seconds)
 
         self._change(change)
 
@@ -684,7 +705,8 @@ class Planner:
             self._stored = store.update(change)
 
     def record_calibration(self, spec: SolverSpec, implementation: str, records: list[dict[str, Any]],
-                           one_off_seconds: float | None, details: Mapping[str, Any]) -> None:
+                           one_off_seconds: float | None, details: Mapping[str, Any],
+                           shape_one_offs: Sequence[float] = ()) -> None:
         """Store the pair's calibration samples, merged by :func:`~core.costmodel.store.merge_calibration`
         (and its one-off cost, when measured) now."""
         def change(data: dict[str, Any]) -> None:
@@ -699,6 +721,8 @@ class Planner:
             slot.setdefault("history", [])
             if one_off_seconds is not None:
                 _add_observation(slot, "one_off", one_off_seconds)
+            for seconds in shape_one_offs:  # the warm-ups at shapes after the first (Planner.implementation_one_off)
+                _add_observation(slot, "shape_one_off", seconds)
             # never measured (the pair had already run in the calibrating process): unknown, charged as 0
             slot.setdefault("one_off_seconds", 0.0)
 

@@ -413,7 +413,8 @@ def _record_fault(record: Any) -> str:
 
 
 def _observed_fault(slot: dict[str, Any], what: str) -> str:
-    """A stored one-off (``one_off``, ``start``) and its observations: finite and >= 0, or absent."""
+    """A stored one-off (``one_off``, ``shape_one_off``, ``start``) and its observations: finite and >= 0, or
+    absent."""
     if f"{what}_seconds" in slot and not _is_time(slot[f"{what}_seconds"]):
         return f"has {what}_seconds={str(slot[f'{what}_seconds'])[:20]}"
     observations = slot.get(f"{what}_observations", [])
@@ -430,7 +431,7 @@ def _slot_fault(slot: Any) -> str:
             return f"has a {key} that is not a list"
     if not isinstance(slot.get("details", {}), dict):
         return "has details that are not a mapping"
-    return _observed_fault(slot, "one_off")
+    return _observed_fault(slot, "one_off") or _observed_fault(slot, "shape_one_off")
 
 
 def _clean_records(slot: dict[str, Any], where: str, dropped: list[str]) -> None:

@@ -90,8 +90,14 @@ def linreg_supports(problem: LinRegProblem, implementation: str) -> str:
 
 
 def linreg_compile_key(problem: LinRegProblem, implementation: str):
-    # the compiled epoch is dynamic (one compile a process); a CUDA graph is captured per (size, epochs)
-    return (problem.n_samples, problem.n_epochs) if implementation == "torch:graph" else ()
+    # a CUDA graph is captured per (size, epochs). The compiled epoch is dynamic (one compile a process, 18.7 s
+    # on the H200 host), yet its first call at each new size took 15-90 ms more than the next (no recompile
+    # logged; docs/results/gpu-2026-11-28b): a shape's one-off, which a trial on a 7 ms problem paid unforeseen
+    if implementation == "torch:graph":
+        return (problem.n_samples, problem.n_epochs)
+    if implementation == "torch:compile":
+        return (problem.n_samples, problem.n_features)
+    return ()
 
 
 def linreg_summary(problem: LinRegProblem, outputs) -> str:
@@ -124,9 +130,10 @@ LINREG = SolverSpec(
     default_problem=LinRegProblem,
     summarize=linreg_summary,
     description="linear regression by full-batch gradient descent on the MSE (one pass per epoch)",
-    version="7",  # 3: the span feature, the Triton graph epoch, the quick space to 2M; 4: to 8M; 5: the spilled
+    version="8",  # 3: the span feature, the Triton graph epoch, the quick space to 2M; 4: to 8M; 5: the spilled
     # features (older timings lack them); 6: the torch variants convert on the device (linreg_torch.to_device);
-    # 7: they upload through pinned memory (core.backends.torch_upload)
+    # 7: they upload through pinned memory (core.backends.torch_upload); 8: torch:compile's one-off per size
+    # (its stored one-off was the process's compile, which a per-size key would charge at every new size)
 )
 
 
