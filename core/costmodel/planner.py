@@ -468,7 +468,8 @@ class Planner:
         Its first run in the process pays the whole one-off (a JIT, a
         compile); a run at a new shape after that pays the one-off of a
         shape (``shape_one_off_seconds``, where calibration or earlier solves
-        measured it; else the whole one-off, as before it was kept apart).
+        measured it; else the whole one-off, as a store from before they were
+        measured apart has it).
         torch.compile's linreg epoch took 18.7 s to compile in a process and
         15-90 ms at each new size after it (H200 host): charged the first
         per size, a contender was never worth a trial; charged nothing, a
@@ -823,8 +824,9 @@ def _log_table(seen: list, names: tuple[str, ...]) -> np.ndarray:
 class _LogTable:
     """A planner's log-field table of a list of observations (:func:`_log_table`), grown in place.
 
-    Rows are written after the last in a buffer of twice :data:`WORK_KEEP`
-    rows, and the table is a view of its last ``len(seen)``: copied whole on
+    Rows are written after the last in a buffer with room for
+    :data:`WORK_KEEP` more, and the table is a view of its last
+    ``len(seen)``: copied whole on
     each growth (and its old copies kept), a long-lived planner's first call
     on a new small HJB problem spent 28-100 us growing it on the VM. A table
     shared with other planners (:data:`_WORK_TABLES`) is copied into a
@@ -833,6 +835,7 @@ class _LogTable:
 
     def __init__(self, seen: list, table: np.ndarray):
         self.seen, self.buffer, self.stop = seen, table, len(table)
+        self.own: np.ndarray | None = None  # the buffer this planner made (None while the table is a shared one)
 
     def rows(self) -> np.ndarray:
         return self.buffer[self.stop - len(self.seen):self.stop]
@@ -847,18 +850,16 @@ class _LogTable:
         if at is None or at + 1 > len(self.seen):
             return False
         new = [_log_row(fields, names) for fields, _ in seen[at + 1:]]
-        kept = self.rows()[len(self.rows()) - (at + 1):]  # the rows of seen[:at + 1]
-        if self.stop + len(new) > len(self.buffer) or self.buffer is not self._own:
+        if self.stop + len(new) > len(self.buffer) or self.buffer is not self.own:
             # into a buffer of this planner's own, with room for WORK_KEEP more rows: a copy per WORK_KEEP rows
+            kept = self.buffer[self.stop - (at + 1):self.stop]  # the rows of seen[:at + 1]
             buffer = np.empty((len(kept) + len(new) + WORK_KEEP, kept.shape[1]))
             buffer[:len(kept)] = kept
-            self.buffer, self._own, self.stop = buffer, buffer, len(kept)
+            self.buffer, self.own, self.stop = buffer, buffer, len(kept)
         self.buffer[self.stop:self.stop + len(new)] = new
         self.stop += len(new)
         self.seen = seen
         return True
-
-    _own: np.ndarray | None = None  # the buffer this planner made (None while the table is a shared one)
 
 
 def _log_row(fields: Mapping[str, float], names: tuple[str, ...]) -> list[float]:
