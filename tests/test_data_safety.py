@@ -406,7 +406,7 @@ def test_calibrate_in_a_script_shows_progress_on_stderr(solvers, capsys, monkeyp
     assert captured.out == ""
     lines = captured.err.splitlines()
     assert lines[0] == (f"crossover: calibrating safety.slow: 1 implementation on {report.problems} designed "
-                        "problems, at most 1 s")
+                        "problems, 1 s of timed runs")
     during = [line for line in lines[1:-1] if line.startswith("crossover: calibrating safety.slow: ")]
     assert during and all(line.endswith(" s") and f"/{report.problems} measurements" in line for line in during)
     samples = report.backends[0].samples
