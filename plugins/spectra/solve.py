@@ -213,42 +213,37 @@ def compile_worker_kernels(job: tuple, shared: Mapping[str, np.ndarray]) -> None
     workers get them: Numba types a read-only array apart), both variants
     are in the cache when the workers first call them, which they load.
     """
-    if _WORKER_KERNELS_READY:
-        return
-    _fit_each_kernel_variant(job, tasks.readonly_views(shared))
-    _WORKER_KERNELS_READY.append(True)
-
-
-def _fit_each_kernel_variant(job: tuple, views: Mapping[str, np.ndarray]) -> None:
-    """One iteration of one spectrum of ``job``'s rows, and of ``PARALLEL_FROM``: the serial and the parallel
-    kernels, typed as a worker types them (read-only inputs)."""
     from plugins.spectra.numba_kernels import PARALLEL_FROM
 
+    if _WORKER_KERNELS_READY:
+        return
+    views = tasks.readonly_views(shared)
     start, _, grid, degree, _, tol, names = job
     available = len(views["flux"]) - start
     for count in sorted({1, min(PARALLEL_FROM, available)}):
         fit_chunk((start, start + count, grid, degree, 1, tol, names), views, None)
+    _WORKER_KERNELS_READY.append(True)
 
 
 def warm_worker_kernels() -> None:
-    """Load the fit's Numba kernels, serial and parallel, and the small grid in a pool worker (core.tasks'
-    ``warm_up``: every worker, at the pool's first map of a fit).
+    """Load the fit's serial Numba kernels and the small grid in a pool worker (core.tasks' ``warm_up``: every
+    worker, at the pool's first map of a fit).
 
     A worker loads them on its first task otherwise, and a map of few chunks
     reaches few workers: on the 2-core VM a fit of two spectra took 654 ms on
-    its second call (the other worker's first task) against 56 warm, and a
-    trial of the pool on a new problem in `crossover evaluate` paid 629-707 ms
-    for a 46 ms run (a 5.8-6.2x loop). On the H200 host the pool's
-    calibration kept one sample: its timed runs met workers still loading.
+    its second call (the other worker's first task) against 39 warm, and a
+    trial of the pool on a new problem in `crossover evaluate` paid 629-759 ms
+    for a 46 ms fit (a 5.8-6.2x loop). The parallel kernels are left to the
+    first chunk of ``PARALLEL_FROM`` spectra (a batch over 256): warmed here
+    too, a process with no Numba cache had every worker compile them at its
+    first map, 27 s against 9 on the VM, for fits that never ran them.
     """
-    from plugins.spectra.numba_kernels import PARALLEL_FROM
-
-    problem = SpectraProblem(n_spectra=PARALLEL_FROM, n_pixels=500, grid="small")
+    problem = SpectraProblem(n_spectra=1, n_pixels=500, grid="small")
     spectra = problem.data()
     shared = {"wave": np.asarray(spectra.wave), "arm": np.asarray(spectra.arm), "flux": np.asarray(spectra.flux),
               "ivar": np.asarray(spectra.ivar), "targetid": np.asarray(spectra.targetid)}
-    job = (0, PARALLEL_FROM, problem.grid, problem.degree, 1, problem.tol, spectra.arm_names)
-    _fit_each_kernel_variant(job, tasks.readonly_views(shared))
+    fit_chunk((0, 1, problem.grid, problem.degree, 1, problem.tol, spectra.arm_names), tasks.readonly_views(shared),
+              None)
 
 
 MAX_CHUNK = 16  # spectra a task fits at most
