@@ -24,9 +24,7 @@ def _readonly_signature(dispatcher) -> bool:
 def _batch(n: int, seed: int) -> tuple[object, dict[str, np.ndarray]]:
     """``n`` spectra on the small grid, and the arrays solve_parallel shares with its workers."""
     spectra = synthetic_spectra(named_library("small"), n, snr=30, seed=seed)
-    return spectra, {"wave": np.asarray(spectra.wave), "arm": np.asarray(spectra.arm),
-                     "flux": np.asarray(spectra.flux), "ivar": np.asarray(spectra.ivar),
-                     "targetid": np.asarray(spectra.targetid)}
+    return spectra, solve.shared_arrays(spectra)
 
 
 def _recording_chunks(monkeypatch) -> list[tuple]:

@@ -240,10 +240,14 @@ def warm_worker_kernels() -> None:
     """
     problem = SpectraProblem(n_spectra=1, n_pixels=500, grid="small")
     spectra = problem.data()
-    shared = {"wave": np.asarray(spectra.wave), "arm": np.asarray(spectra.arm), "flux": np.asarray(spectra.flux),
-              "ivar": np.asarray(spectra.ivar), "targetid": np.asarray(spectra.targetid)}
-    fit_chunk((0, 1, problem.grid, problem.degree, 1, problem.tol, spectra.arm_names), tasks.readonly_views(shared),
-              None)
+    fit_chunk((0, 1, problem.grid, problem.degree, 1, problem.tol, spectra.arm_names),
+              tasks.readonly_views(shared_arrays(spectra)), None)
+
+
+def shared_arrays(spectra: Spectra) -> dict[str, np.ndarray]:
+    """The arrays a fit's tasks share (read-only in the workers; :func:`fit_chunk` slices the rows)."""
+    return {"wave": np.asarray(spectra.wave), "arm": np.asarray(spectra.arm), "flux": np.asarray(spectra.flux),
+            "ivar": np.asarray(spectra.ivar), "targetid": np.asarray(spectra.targetid)}
 
 
 MAX_CHUNK = 16  # spectra a task fits at most
@@ -279,8 +283,7 @@ def solve_parallel(problem: SpectraProblem, backend: str) -> dict[str, np.ndarra
     problem.library()  # a named grid is generated and saved here once, then every worker reads the file
     bounds = chunks(len(spectra))
     jobs = [(a, b, problem.grid, problem.degree, problem.max_iter, problem.tol, spectra.arm_names) for a, b in bounds]
-    shared = {"wave": np.asarray(spectra.wave), "arm": np.asarray(spectra.arm), "flux": np.asarray(spectra.flux),
-              "ivar": np.asarray(spectra.ivar), "targetid": np.asarray(spectra.targetid)}
+    shared = shared_arrays(spectra)
     if backend == "process":  # workers on this machine load what this process compiles (not a cluster's)
         compile_worker_kernels(jobs[0], shared)
     parts = tasks.map_tasks(fit_chunk, jobs, shared=shared, labels=[f"spectra {a}..{b - 1}" for a, b in bounds],
