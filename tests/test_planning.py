@@ -107,6 +107,19 @@ def test_margin_rule_prefers_the_simpler_backend():
     assert choose({"numpy": 1.0, "process": 0.97}, simplicity, margin=0.0) == "process"
 
 
+def test_within_the_margin_equally_simple_variants_go_to_the_one_owing_the_least_one_off():
+    from core.costmodel.plan import choose
+
+    simplicity = {"torch:compile": 40, "torch:graph": 40, "numpy": 0}
+    costs = {"torch:compile": 6.58e-3, "torch:graph": 6.74e-3}
+    owed = {"torch:compile": 0.3, "torch:graph": 0.003}
+    assert choose(costs, simplicity, 0.05) == "torch:compile"  # nothing owed: the cheaper
+    assert choose(costs, simplicity, 0.05, owed) == "torch:graph"  # the models cannot tell them apart
+    assert choose(costs, simplicity, 0.01, owed) == "torch:compile"  # outside the margin the cost decides
+    # simplicity still comes first: the simpler one wins whatever the others owe
+    assert choose({**costs, "numpy": 6.8e-3}, simplicity, 0.05, {**owed, "numpy": 0.5}) == "numpy"
+
+
 def test_margin_rule_in_a_plan(synthetic):
     DEVICE_FREE_BYTES["value"] = 1.0
     # at n = 111_000 pool is 0.1 % faster than serial: inside the margin, serial wins

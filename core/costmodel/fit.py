@@ -81,9 +81,10 @@ class CostModel:
         """Predicted seconds, and whether the features lie outside the fitted region."""
         phi = [float(features.get(name, 0.0)) for name in self.feature_names]
         seconds = self.intercept + sum(map(operator.mul, self.coefficients, phi))
-        if self._box is None:  # ranges over other names than the model's (a hand-made model)
+        region = self._region
+        if region is None:  # ranges over other names than the model's (a hand-made model)
             return seconds, self.extrapolated(features)
-        return seconds, self._outside(phi)
+        return seconds, _outside(phi, *region)
 
     def extrapolated(self, features: Mapping[str, float]) -> bool:
         for name, (low, high) in self.ranges.items():
@@ -93,19 +94,23 @@ class CostModel:
         return self._off_axes([float(features.get(n, 0.0)) for n in self.feature_names])
 
     @functools.cached_property
-    def _box(self) -> tuple[tuple[float, float], ...] | None:
-        """The ranges widened by the factor, in the order of the model's features (None where they differ)."""
+    def _region(self) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...],
+                               tuple[tuple[tuple[float, ...], float, float], ...]] | None:
+        """The trust region laid out once for :meth:`predict`, in the order of the model's features: the box's
+        bounds widened by the factor, the centre, and each principal axis with its span widened by the slack
+        (None where the ranges name other features than the model's).
+
+        A plan predicts every implementation of a problem, and a new
+        problem's first call plans: the box and the slacks recomputed per
+        prediction were a fifth of a small problem's first plan on the VM.
+        """
         if tuple(self.ranges) != tuple(self.feature_names):
             return None
-        return tuple((low / EXTRAPOLATION_FACTOR, high * EXTRAPOLATION_FACTOR) for low, high in self.ranges.values())
-
-    def _outside(self, phi: list[float]) -> bool:
-        """:meth:`extrapolated` of the model's own features, in their order (a plan predicts every
-        implementation: computed once per feature)."""
-        for value, (low, high) in zip(phi, self._box):
-            if value > high or value < low:
-                return True
-        return self._off_axes(phi)
+        slack = math.log(EXTRAPOLATION_FACTOR)
+        lows = tuple(low / EXTRAPOLATION_FACTOR for low, _ in self.ranges.values())
+        highs = tuple(high * EXTRAPOLATION_FACTOR for _, high in self.ranges.values())
+        slabs = tuple((axis, low - slack, high + slack) for axis, (low, high) in zip(self.axes, self.span))
+        return lows, highs, self.centre, slabs
 
     def _off_axes(self, phi: list[float]) -> bool:
         if not self.axes:
@@ -123,6 +128,25 @@ class CostModel:
     @property
     def status(self) -> str:
         return "calibrated" if self.calibrated else "uncalibrated"
+
+
+def _outside(phi: list[float], lows: tuple[float, ...], highs: tuple[float, ...], centre: tuple[float, ...],
+             slabs: tuple[tuple[tuple[float, ...], float, float], ...]) -> bool:
+    """Whether the model's features ``phi`` leave its trust region (:attr:`CostModel._region`'s parts).
+
+    In plain Python: a handful of features, where NumPy's per-call cost was
+    most of a plan's (and map over operator, at half a generator's cost).
+    """
+    if any(map(operator.gt, phi, highs)) or any(map(operator.lt, phi, lows)):
+        return True
+    if not slabs:
+        return False
+    point = [math.log1p(value if value > 0.0 else 0.0) - c for value, c in zip(phi, centre)]
+    for axis, low, high in slabs:
+        coordinate = sum(map(operator.mul, axis, point))
+        if coordinate < low or coordinate > high:
+            return True
+    return False
 
 
 def _design(samples: Sequence[Sample], names: Sequence[str]) -> np.ndarray:

@@ -6,14 +6,15 @@ The decision, in the spirit of scipy's ``choose_conv_method``::
     error(i)  = the model's leave-one-out relative error (at least 2 %; 50 % when extrapolated)
     best      = min(cost(i) for i in candidates)
     margin(i) = clip(hypot(error(best), error(i)), 2 %, 10 %)
-    chosen    = simplest i with cost(i) <= cost(best) * (1 + margin(i))
+    chosen    = among i with cost(i) <= cost(best) * (1 + margin(i)): simplest, then least unpaid_one_off(i), then cheapest
 
 Candidates are the implementations whose backend is available, that support
 the problem, whose memory estimate fits and that have a model. The margin
 exists because a gain inside the models' own error is noise, while the
 simpler backend (fewer processes, no device) has fewer ways to go wrong; it
 follows the measured error but is capped, so that the simpler choice never
-costs more than 10 % by the models' own account.
+costs more than 10 % by the models' own account. Between equally simple
+ones, the smaller unpaid one-off wins (:func:`choose`).
 
 **When in doubt, measure.** The plan is *not confident* when a runner-up's
 cost is within twice the combined error of the best (their error bands
@@ -75,14 +76,26 @@ VIEWS_KEPT = 256
 
 
 def choose(costs: Mapping[str, float], simplicity: Mapping[str, int],
-           margin: float | Mapping[str, float] = 0.05) -> str:
-    """The simplest implementation whose cost is within its margin of the cheapest."""
+           margin: float | Mapping[str, float] = 0.05, owed: Mapping[str, float] | None = None) -> str:
+    """The simplest implementation whose cost is within its margin of the cheapest; among equally simple ones,
+    the one that owes the least one-off (``owed``: unpaid seconds), then the cheapest.
+
+    Within the margin the models cannot tell the costs apart, so what
+    decides is what a wrong pick would cost: a one-off still to pay is lost
+    if the other was faster after all. ``costs`` spread one-offs over the
+    expected calls, so at ``expected_calls=inf`` they weigh nothing there: on
+    the H200 host linreg's torch:compile was modelled 2.4 % under
+    torch:graph on 7.7M samples, and its first call at that size paid 337
+    ms for a 6.4 ms run, where torch:graph's capture took 3 ms (and it ran
+    faster: 5.4 ms).
+    """
     if not costs:
         raise AutoSelectionError("no backend to choose from")
     best = min(costs.values())
     margins = margin if isinstance(margin, Mapping) else dict.fromkeys(costs, margin)
     near = [name for name, cost in costs.items() if cost <= best * (1 + margins[name])]
-    return min(near, key=lambda name: (simplicity.get(name, 50), costs[name]))
+    owed = owed or {}
+    return min(near, key=lambda name: (simplicity.get(name, 50), owed.get(name, 0.0), costs[name]))
 
 
 UNRECORDED_CALLS = 4.0
@@ -240,13 +253,14 @@ def plan_problem(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], e
     excluded: dict[str, str] = {}
     candidates: dict[str, _Candidate] = {}
     for key, model in view.predictions.items():
+        why = exclusion(spec, problem, key, view.free_memory)
+        if why:  # it cannot run: its model's word stands, with no one-off or runs of it to weigh
+            predictions[key], excluded[key] = model, why
+            continue
         one_off = planner.one_off(spec, key, problem)
         prediction = predictions[key] = _with_runs(model, race.warm.get(key, []) if race else [], one_off)
-        why = exclusion(spec, problem, key, view.free_memory)
-        if not why and prediction.seconds is None:
-            why = "uncalibrated on this machine (run `crossover calibrate`)"
-        if why:
-            excluded[key] = why
+        if prediction.seconds is None:  # no model, and no warm run of this problem either
+            excluded[key] = "uncalibrated on this machine (run `crossover calibrate`)"
             continue
         candidates[key] = _Candidate(prediction, prediction.seconds + one_off / calls, prediction.error,
                                      backends[backend_of(key)].simplicity)
@@ -283,10 +297,12 @@ def _decide(candidates: Mapping[str, _Candidate], calls: float,
     costs = {k: c.cost for k, c in candidates.items()}
     best = min(costs, key=costs.get)
     margins = _margins(candidates, best, margin)
-    chosen = choose(costs, {k: c.simplicity for k, c in candidates.items()}, margins)
+    owed = {k: c.prediction.one_off_seconds for k, c in candidates.items()}
+    chosen = choose(costs, {k: c.simplicity for k, c in candidates.items()}, margins, owed)
     reason = f"lowest predicted time {costs[chosen]:.3g} s"
     if chosen != best:
-        reason = (f"within {margins[chosen]:.0%} of the fastest ({best}, {costs[best]:.3g} s) and simpler: "
+        why = "simpler" if candidates[chosen].simplicity < candidates[best].simplicity else "owes less one-off"
+        reason = (f"within {margins[chosen]:.0%} of the fastest ({best}, {costs[best]:.3g} s) and {why}: "
                   f"{costs[chosen]:.3g} s")
     one_off = candidates[chosen].prediction.one_off_seconds
     if one_off:
