@@ -6,7 +6,7 @@ The decision, in the spirit of scipy's ``choose_conv_method``::
     error(i)  = the model's leave-one-out relative error (at least 2 %; 50 % when extrapolated)
     best      = min(cost(i) for i in candidates)
     margin(i) = clip(hypot(error(best), error(i)), 2 %, 10 %)
-    chosen    = among i with cost(i) <= cost(best) * (1 + margin(i)): simplest, then least unpaid_one_off(i), then cheapest
+    chosen    = of i with cost(i) <= cost(best) * (1 + margin(i)): simplest, least unpaid_one_off(i), cheapest
 
 Candidates are the implementations whose backend is available, that support
 the problem, whose memory estimate fits and that have a model. The margin
