@@ -167,7 +167,8 @@ def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[s
         # when the model can be trusted here (an extrapolation would blame its own error)
         predicted, extrapolated = fitted.predict(model_features(spec, problem, implementation))
         if not extrapolated:
-            planner.record_one_off(spec, implementation, max(0.0, seconds - predicted), shape=shape_only)
+            planner.record_one_off(spec, implementation, max(0.0, seconds - predicted), shape=shape_only,
+                                   run_seconds=max(0.0, predicted))
     return outputs, seconds, cold
 
 

@@ -263,6 +263,49 @@ def test_calibration_measures_a_shape_s_one_off_apart_from_the_first_compile(cle
     assert history.implementation_one_off(spec, "device:compiled", new) == slot["one_off_seconds"]
 
 
+def test_a_shape_s_one_off_follows_the_size_where_the_stored_shapes_show_it_growing():
+    """The line through (one-off, warm run) pairs: Theil-Sen, so one one-off that met a busy machine moves it
+    no more than its share; too few pairs, or runs that do not span sizes, give no line."""
+    from core.costmodel.planner import shape_one_off_line
+
+    grows = [[0.002 + 6.0 * run, run] for run in (1e-4, 4e-4, 1e-3, 3e-3, 8e-3)]
+    a, b = shape_one_off_line(grows)
+    assert a == pytest.approx(0.002) and b == pytest.approx(6.0)
+    a, b = shape_one_off_line([*grows, [0.9, 2e-3]])  # an outlier: the medians keep the line
+    assert a == pytest.approx(0.002, abs=2e-3) and b == pytest.approx(6.0, rel=0.2)
+    flat = [[0.003, run] for run in (1e-4, 1e-3, 1e-2)]  # a capture: the same at any size
+    assert shape_one_off_line(flat) == (pytest.approx(0.003), 0.0)
+    assert shape_one_off_line(grows[:2]) is None  # two points are no line
+    assert shape_one_off_line([[0.01, 1e-3], [0.02, 1.5e-3], [0.03, 2e-3]]) is None  # runs within 4x
+
+
+def test_a_new_shape_owes_what_its_size_predicts_and_a_near_tie_goes_to_the_smaller_bet(clean):
+    """Two equally simple variants that the models cannot tell apart: one whose first call at a new shape
+    redoes the size's work (torch.compile's linreg epoch on the H200 host: 18 ms at 2M samples, 53 at 7.7M),
+    one that pays a fixed capture. At a large new shape the first owes more, so the plan takes the second."""
+    (spec,) = _install(_spec("synthetic.bets", {"device:compile": _echo, "device:graph": _echo},
+                             compile_key=lambda p, key: (p.n,)))
+    _calibrate(spec, "device:compile", lambda p: 1e-8 * p.n * p.m, GRID, one_off=5.0)
+    _calibrate(spec, "device:graph", lambda p: 1.01e-8 * p.n * p.m, GRID, one_off=0.5)
+    core.solve(GridProblem(1_000, 10), backend="device:compile", solver=spec.name)
+    core.solve(GridProblem(1_000, 10), backend="device:graph", solver=spec.name)
+    # what calibration's later shapes measured: the compile six runs' worth, the capture 3 ms at any size
+    for key, pairs in (("device:compile", [[6.0 * run, run] for run in (1e-5, 1e-4, 1e-3)]),
+                       ("device:graph", [[0.003, run] for run in (1e-5, 1e-4, 1e-3)])):
+        slot = history.entry(spec, key)
+        slot["shape_one_off_pairs"], slot["shape_one_off_seconds"] = pairs, 6e-4 if key == "device:compile" else 3e-3
+    large = GridProblem(500_000, 100)  # the compile owes six of its runs there, the capture 3 ms
+    plan = core.plan(large, solver=spec.name, expected_calls=math.inf)  # one-offs weigh nothing in the costs
+    run = plan.predictions["device:compile"].seconds
+    owed = plan.predictions["device:compile"].one_off_seconds
+    assert owed == pytest.approx(6.0 * run, rel=0.05) and owed > 0.01
+    assert plan.predictions["device:graph"].one_off_seconds == pytest.approx(0.003)
+    assert plan.backend == "device:graph" and "owes less one-off" in plan.reason
+    # a small new shape: the compile's bet is the smaller one, and it is the cheaper too
+    small = GridProblem(20, 10)
+    assert core.plan(small, solver=spec.name, expected_calls=math.inf).backend == "device:compile"
+
+
 def test_a_solve_at_a_new_shape_adds_a_shape_s_one_off(clean):
     """A real first call at a new shape, after the implementation ran at another, is an observation of a
     shape's one-off (its excess over the model), not of the whole one-off."""

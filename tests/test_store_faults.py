@@ -660,7 +660,9 @@ def test_a_record_whose_time_stamp_or_work_fields_are_malformed_is_dropped(fault
 
 
 @pytest.mark.parametrize("fault", [{"shape_one_off_seconds": -1.0}, {"shape_one_off_seconds": "fast"},
-                                   {"shape_one_off_observations": [0.1, float("nan")]}])
+                                   {"shape_one_off_observations": [0.1, float("nan")]},
+                                   {"shape_one_off_pairs": [[0.1, 0.01], [0.2]]},
+                                   {"shape_one_off_pairs": [[0.1, -0.01]]}, {"shape_one_off_pairs": {"a": 1}}])
 def test_a_malformed_shape_one_off_drops_its_slot(fault, fresh_registry, empty_cache):
     """A shape's one-off is stored as the whole one-off is (a median of observations): one that is not a time
     drops its slot as the store is read, and says so; the rest stays."""

@@ -88,7 +88,7 @@ class BackendCalibration:
     # every warm-up's excess over its timed median: compiles, wherever a problem first needs one
     warm_up_excess: float = 0.0
     # the warm-ups' excesses at each new shape after its first run here (SolverSpec.compile_key): a shape's one-off
-    shape_one_offs: list[float] = field(default_factory=list)
+    shape_one_offs: list[tuple[float, float]] = field(default_factory=list)  # (one-off, warm run) at a new shape
 
 
 class CalibrationInterrupted(KeyboardInterrupt):
@@ -367,7 +367,7 @@ def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: floa
         first_run[key] = False
         climb.row.one_off_seconds = excess
     elif new_shape:
-        climb.row.shape_one_offs.append(excess)
+        climb.row.shape_one_offs.append((excess, seconds))
     history.mark_paid(spec, key, problem)
     # the features of the work the runs really did: where convergence ends a solve early, the model learns
     # the cost of the work done, and the planner learns how much work such problems do

@@ -257,7 +257,7 @@ def plan_problem(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], e
         if why:  # it cannot run: its model's word stands, with no one-off or runs of it to weigh
             predictions[key], excluded[key] = model, why
             continue
-        one_off = planner.one_off(spec, key, problem)
+        one_off = planner.one_off(spec, key, problem, model.seconds)
         prediction = predictions[key] = _with_runs(model, race.warm.get(key, []) if race else [], one_off)
         if prediction.seconds is None:  # no model, and no warm run of this problem either
             excluded[key] = "uncalibrated on this machine (run `crossover calibrate`)"

@@ -462,7 +462,8 @@ class Planner:
         shape = spec.compile_key(problem, implementation) if spec.compile_key is not None else ()
         return spec.name, implementation, shape
 
-    def implementation_one_off(self, spec: SolverSpec, implementation: str, problem: Any) -> float:
+    def implementation_one_off(self, spec: SolverSpec, implementation: str, problem: Any,
+                               run_seconds: float | None = None) -> float:
         """The implementation's stored one-off if still unpaid here for this problem's shape, else 0.
 
         Its first run in the process pays the whole one-off (a JIT, a
@@ -479,8 +480,32 @@ class Planner:
             return 0.0
         slot = self.entry(spec, implementation) or {}
         if self.has_run(spec, implementation) and "shape_one_off_seconds" in slot:
-            return float(slot["shape_one_off_seconds"])
+            return self._shape_one_off(spec, implementation, problem, slot, run_seconds)
         return float(slot.get("one_off_seconds", 0.0))
+
+    def _shape_one_off(self, spec: SolverSpec, implementation: str, problem: Any, slot: Mapping[str, Any],
+                       run_seconds: float | None = None) -> float:
+        """A new shape's one-off: the line through the stored (one-off, warm run) pairs at the problem's run
+        (``run_seconds``, the plan's model prediction; else its model's at the nominal features), where the
+        pairs span sizes (:func:`shape_one_off_line`); else their median.
+
+        What a new shape costs grows with it where the first call at a size
+        does the size's work again: torch.compile's linreg epoch paid 18 ms
+        at 2M samples, 53 at 7.7M and 91 at 16M on the H200 host, where
+        torch:graph's capture cost 3-4 ms at any size. The median of the
+        calibration's shapes (the smaller ones) made the compiled variant
+        look the cheaper bet at 7.7M, where its first call took 351 ms.
+        """
+        pairs = slot.get("shape_one_off_pairs")
+        line = shape_one_off_line(pairs) if pairs else None
+        if line is None:
+            return float(slot["shape_one_off_seconds"])
+        if run_seconds is None:
+            fitted = self.model(spec, implementation)
+            if fitted is None:
+                return float(slot["shape_one_off_seconds"])
+            run_seconds = fitted.predict(model_features(spec, problem, implementation))[0]
+        return line[0] + line[1] * max(0.0, run_seconds)
 
     def has_run(self, spec: SolverSpec, implementation: str) -> bool:
         """Whether the implementation has run in this process, at any shape (its whole one-off is paid)."""
@@ -492,10 +517,11 @@ class Planner:
             return 0.0
         return float(self.stored().get("backends", {}).get(backend, {}).get("start_seconds", 0.0))
 
-    def one_off(self, spec: SolverSpec, implementation: str, problem: Any) -> float:
-        """Every one-off cost a run of ``implementation`` on ``problem`` would still pay in this process."""
+    def one_off(self, spec: SolverSpec, implementation: str, problem: Any, run_seconds: float | None = None) -> float:
+        """Every one-off cost a run of ``implementation`` on ``problem`` would still pay in this process
+        (``run_seconds``: its model's prediction there, which a new shape's one-off may grow with)."""
         return self.backend_one_off(backend_of(implementation)) + self.implementation_one_off(spec, implementation,
-                                                                                               problem)
+                                                                                               problem, run_seconds)
 
     def is_paid(self, spec: SolverSpec, implementation: str, problem: Any) -> bool:
         return self._paid_key(spec, implementation, problem) in self.process.paid
@@ -535,13 +561,18 @@ class Planner:
         self._change(lambda data: _add_observation(data.setdefault("backends", {}).setdefault(backend, {}),
                                                    "start", seconds))
 
-    def record_one_off(self, spec: SolverSpec, implementation: str, seconds: float, shape: bool = False) -> None:
+    def record_one_off(self, spec: SolverSpec, implementation: str, seconds: float, shape: bool = False,
+                       run_seconds: float | None = None) -> None:
         """Add an observed one-off cost (a first call's excess over the model) for a calibrated pair: the whole
-        one-off, or with ``shape`` that of a new shape after the implementation had run at another."""
+        one-off, or with ``shape`` that of a new shape after the implementation had run at another (with
+        ``run_seconds``, the warm run it came with: :meth:`_shape_one_off`)."""
         def change(data: dict[str, Any]) -> None:
             entry = data["solvers"].get(spec.name)
             if entry is not None and entry.get("version") == spec.version and implementation in entry["backends"]:
-                _add_observation(entry["backends"][implementation], "shape_one_off" if shape else "one_off", seconds)
+                slot = entry["backends"][implementation]
+                _add_observation(slot, "shape_one_off" if shape else "one_off", seconds)
+                if shape and run_seconds is not None:
+                    _add_shape_pair(slot, seconds, run_seconds)
 
         self._change(change)
 
@@ -707,7 +738,7 @@ class Planner:
 
     def record_calibration(self, spec: SolverSpec, implementation: str, records: list[dict[str, Any]],
                            one_off_seconds: float | None, details: Mapping[str, Any],
-                           shape_one_offs: Sequence[float] = ()) -> None:
+                           shape_one_offs: Sequence[tuple[float, float]] = ()) -> None:
         """Store the pair's calibration samples, merged by :func:`~core.costmodel.store.merge_calibration`
         (and its one-off cost, when measured) now."""
         def change(data: dict[str, Any]) -> None:
@@ -722,8 +753,10 @@ class Planner:
             slot.setdefault("history", [])
             if one_off_seconds is not None:
                 _add_observation(slot, "one_off", one_off_seconds)
-            for seconds in shape_one_offs:  # the warm-ups at shapes after the first (Planner.implementation_one_off)
+            # the warm-ups at shapes after the first, each with its warm run (Planner.implementation_one_off)
+            for seconds, run_seconds in shape_one_offs:
                 _add_observation(slot, "shape_one_off", seconds)
+                _add_shape_pair(slot, seconds, run_seconds)
             # never measured (the pair had already run in the calibrating process): unknown, charged as 0
             slot.setdefault("one_off_seconds", 0.0)
 
@@ -936,6 +969,46 @@ def _process_calls(entry: Mapping[str, Any]) -> list[tuple[str, int]]:
         return []
     return [(pair[0], pair[1]) for pair in found if isinstance(pair, list) and len(pair) == 2
             and isinstance(pair[0], str) and isinstance(pair[1], int) and pair[1] > 0]
+
+
+SHAPE_PAIRS_KEEP = 24  # (one-off, warm run) pairs of new shapes kept per implementation: the line's points
+SHAPE_SPREAD = 4.0  # ... whose warm runs must span this factor before a line through them is trusted
+
+
+def _add_shape_pair(slot: dict[str, Any], seconds: float, run_seconds: float) -> None:
+    """Keep a new shape's one-off with the warm run at that shape (the points of :func:`shape_one_off_line`)."""
+    pairs = slot.setdefault("shape_one_off_pairs", [])
+    pairs.append([float(seconds), float(run_seconds)])
+    del pairs[:-SHAPE_PAIRS_KEEP]
+
+
+_LINES: dict[tuple, tuple[list, tuple[float, float] | None]] = {}  # by the pairs list's identity and length
+
+
+def shape_one_off_line(pairs: Sequence[Sequence[float]]) -> tuple[float, float] | None:
+    """``(a, b)``, both >= 0: a new shape's one-off as ``a + b * warm_run``, by Theil-Sen (the median of the
+    pairwise slopes, then the median intercept), or None where fewer than three runs span
+    :data:`SHAPE_SPREAD`.
+
+    The medians let a few one-offs that met a busy machine (the H200
+    host's compile at 7.7M: 63 ms in one process, 351 in another) move
+    the line no more than their share.
+    """
+    key = (id(pairs), len(pairs), *(pairs[-1] if pairs else ()))  # a full list changes in place at its length
+    cached = _LINES.get(key)
+    if cached is not None and cached[0] is pairs:
+        return cached[1]
+    points = [(float(run), float(one_off)) for one_off, run in pairs if run > 0]
+    line = None
+    runs = [run for run, _ in points]
+    if len(points) >= 3 and max(runs) >= SHAPE_SPREAD * min(runs):
+        slopes = [(b[1] - a[1]) / (b[0] - a[0]) for i, a in enumerate(points) for b in points[i + 1:] if b[0] != a[0]]
+        slope = max(0.0, statistics.median(slopes))
+        line = (max(0.0, statistics.median(one_off - slope * run for run, one_off in points)), slope)
+    if len(_LINES) > 256:
+        _LINES.clear()
+    _LINES[key] = (pairs, line)
+    return line
 
 
 def _add_observation(slot: dict[str, Any], what: str, seconds: float) -> None:

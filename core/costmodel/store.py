@@ -431,6 +431,10 @@ def _slot_fault(slot: Any) -> str:
             return f"has a {key} that is not a list"
     if not isinstance(slot.get("details", {}), dict):
         return "has details that are not a mapping"
+    pairs = slot.get("shape_one_off_pairs", [])
+    if not isinstance(pairs, list) or not all(isinstance(pair, list) and len(pair) == 2 and all(map(_is_time, pair))
+                                              for pair in pairs):
+        return "has shape_one_off_pairs that are not pairs of times"
     return _observed_fault(slot, "one_off") or _observed_fault(slot, "shape_one_off")
 
 
