@@ -6,7 +6,7 @@ The decision, in the spirit of scipy's ``choose_conv_method``::
     error(i)  = the model's leave-one-out relative error (at least 2 %; 50 % when extrapolated)
     best      = min(cost(i) for i in candidates)
     margin(i) = clip(hypot(error(best), error(i)), 2 %, 10 %)
-    chosen    = of i with cost(i) <= cost(best) * (1 + margin(i)): simplest, least unpaid_one_off(i), cheapest
+    chosen    = of i with cost(i) <= cost(best) * (1 + margin(i)): simplest, least at_stake(i), cheapest
 
 Candidates are the implementations whose backend is available, that support
 the problem, whose memory estimate fits and that have a model. The margin
@@ -78,7 +78,7 @@ VIEWS_KEPT = 256
 def choose(costs: Mapping[str, float], simplicity: Mapping[str, int],
            margin: float | Mapping[str, float] = 0.05, owed: Mapping[str, float] | None = None) -> str:
     """The simplest implementation whose cost is within its margin of the cheapest; among equally simple ones,
-    the one that owes the least one-off (``owed``: unpaid seconds), then the cheapest.
+    the one with the least one-off at stake (``owed``: the most its run may still pay), then the cheapest.
 
     Within the margin the models cannot tell the costs apart, so what
     decides is what a wrong pick would cost: a one-off still to pay is lost
@@ -126,6 +126,7 @@ class _Candidate:
     cost: float
     error: float
     simplicity: int
+    at_stake: float = 0.0  # the largest one-off its run here may pay (Planner.one_off_at_stake)
 
 
 def _model_prediction(spec: SolverSpec, problem: Any, key: str,
@@ -263,7 +264,8 @@ def plan_problem(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], e
             excluded[key] = "uncalibrated on this machine (run `crossover calibrate`)"
             continue
         candidates[key] = _Candidate(prediction, prediction.seconds + one_off / calls, prediction.error,
-                                     backends[backend_of(key)].simplicity)
+                                     backends[backend_of(key)].simplicity,
+                                     planner.one_off_at_stake(spec, key, problem) if one_off else 0.0)
     if not candidates:
         reasons = "; ".join(f"{b}: {why}" for b, why in excluded.items()) or "no backends"
         raise AutoSelectionError(f"no backend can run {spec.name} here ({reasons})")
@@ -297,8 +299,8 @@ def _decide(candidates: Mapping[str, _Candidate], calls: float,
     costs = {k: c.cost for k, c in candidates.items()}
     best = min(costs, key=costs.get)
     margins = _margins(candidates, best, margin)
-    owed = {k: c.prediction.one_off_seconds for k, c in candidates.items()}
-    chosen = choose(costs, {k: c.simplicity for k, c in candidates.items()}, margins, owed)
+    chosen = choose(costs, {k: c.simplicity for k, c in candidates.items()}, margins,
+                    {k: c.at_stake for k, c in candidates.items()})
     reason = f"lowest predicted time {costs[chosen]:.3g} s"
     if chosen != best:
         why = "simpler" if candidates[chosen].simplicity < candidates[best].simplicity else "owes less one-off"

@@ -507,6 +507,28 @@ class Planner:
             run_seconds = fitted.predict(model_features(spec, problem, implementation))[0]
         return line[0] + line[1] * max(0.0, run_seconds)
 
+    def one_off_at_stake(self, spec: SolverSpec, implementation: str, problem: Any) -> float:
+        """The most a run of ``implementation`` on ``problem`` may still pay here: its backend's start, and its
+        whole one-off, or once it has run, the largest shape's one-off seen (0 where this shape is paid).
+
+        What a near-tie weighs (plan.choose): the planner charges a new
+        shape the line through what shapes cost (:meth:`_shape_one_off`),
+        which is right on the whole and can miss one shape by far. On the
+        H200 host torch.compile's linreg epoch paid 0-2 ms at most new
+        sizes in calibration, 398 ms at one (a recompile for dynamic
+        shapes) and 351 ms at 7.7M samples in another process, where
+        torch:graph's captures never took over 15 ms.
+        """
+        backend = self.backend_one_off(backend_of(implementation))
+        if self._paid_key(spec, implementation, problem) in self.process.paid:
+            return backend
+        slot = self.entry(spec, implementation) or {}
+        if not (self.has_run(spec, implementation) and "shape_one_off_seconds" in slot):
+            return backend + float(slot.get("one_off_seconds", 0.0))
+        seen = [float(pair[0]) for pair in slot.get("shape_one_off_pairs", [])]
+        return backend + max(seen + list(slot.get("shape_one_off_observations", [])),
+                             default=float(slot["shape_one_off_seconds"]))
+
     def has_run(self, spec: SolverSpec, implementation: str) -> bool:
         """Whether the implementation has run in this process, at any shape (its whole one-off is paid)."""
         return (spec.name, implementation) in self.process.ran
