@@ -87,8 +87,8 @@ class ProcessFacts:
     # what planning a known problem again took, by solver (Planner.note_planning): a fact of the host
     planning: dict[str, list[float]] = field(default_factory=dict)
     first_planning: dict[str, list[float]] = field(default_factory=dict)  # and planning a new one
-    # warm runs in loops, (model's prediction, run over it), by (solver, implementation) (Planner.loop_factor)
-    loop_runs: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
+    # warm runs in loops, (model's prediction, run over it, its log), by (solver, implementation) (Planner.loop_factor)
+    loop_runs: dict[tuple[str, str], list[tuple[float, float, float]]] = field(default_factory=dict)
     # the undetermined features already reported, by (solver, implementation, features): a fact of the process,
     # so evaluate's fresh planners (one a problem) do not say it again
     warned: set[tuple[str, str, tuple]] = field(default_factory=set)
@@ -624,7 +624,7 @@ class Planner:
             return
         with self._lock:
             kept = self.process.loop_runs.setdefault((solver, implementation), [])
-            kept.append((model, seconds / model))
+            kept.append((model, seconds / model, math.log(model)))  # the log for scale_weighted_factor
             del kept[:-LOOP_RUNS_KEPT]
 
     def loop_factor(self, solver: str, implementation: str, model: float | None = None) -> float:
@@ -672,7 +672,7 @@ class Planner:
             if not kept:
                 return 1.0
         low, high = LOOP_FACTOR_RANGE
-        factor = (_median([ratio for _, ratio in kept]) if model is None or not model > 0
+        factor = (_median([ratio for _, ratio, _ in kept]) if model is None or not model > 0
                   else scale_weighted_factor(kept, model))
         return min(high, max(low, factor))
 
@@ -932,13 +932,15 @@ def _log_row(fields: Mapping[str, float], names: tuple[str, ...]) -> list[float]
     return [value or 0.0 for value in logs] + present + [own]
 
 
-def scale_weighted_factor(runs: list[tuple[float, float]], model: float) -> float:
-    """The weighted median of the runs' factors (``(model, run over model)`` pairs) for a problem modelled at
-    ``model`` seconds: a run weighs ``exp(-(ln(its model / model) / ln LOOP_SCALE) ** 2)``, and a factor of 1
-    weighs :data:`LOOP_PRIOR`, so runs near the problem's scale decide it and runs far off leave it at 1."""
-    scale = math.log(LOOP_SCALE)
-    weighted = [(1.0, LOOP_PRIOR)] + [(ratio, math.exp(-(math.log(seen / model) / scale) ** 2))
-                                      for seen, ratio in runs if seen > 0]
+def scale_weighted_factor(runs: list[tuple[float, float, float]], model: float) -> float:
+    """The weighted median of the runs' factors (``(model, run over model, log model)``, model > 0) for a problem
+    modelled at ``model`` seconds: a run weighs ``exp(-(ln(its model / model) / ln LOOP_SCALE) ** 2)``, and a factor
+    of 1 weighs :data:`LOOP_PRIOR`, so runs near the problem's scale decide it and runs far off leave it at 1.
+
+    Each run keeps its model's log (:meth:`Planner.note_loop_run`): every first call of a new problem weighs up to
+    three implementations' worth of runs, and a log per run was a third of it."""
+    inverse, here = 1.0 / math.log(LOOP_SCALE), math.log(model)
+    weighted = [(1.0, LOOP_PRIOR)] + [(ratio, math.exp(-((seen - here) * inverse) ** 2)) for _, ratio, seen in runs]
     weighted.sort()
     half, total = sum(weight for _, weight in weighted) / 2, 0.0
     for ratio, weight in weighted:
