@@ -22,12 +22,14 @@ from plugins.spectra import work
 from plugins.spectra.model import Spectra
 from plugins.spectra.problem import FULL_PIXELS, SpectraProblem
 
-__version__ = "0.11.0"  # 0.2: the "steps" feature; 0.3: balanced process chunks; 0.4: the CCF start by one product;
+__version__ = "0.12.0"  # 0.2: the "steps" feature; 0.3: balanced process chunks; 0.4: the CCF start by one product;
 # 0.5: a fifth of the torch launches per step, process chunks of at most 16 spectra; 0.6: numba:threads's span;
 # 0.7: tol and degree in the space, the continuum's feature; 0.8: outlier clipping, absolute convergence,
 # ITERATIONS as trial steps everywhere; 0.9: the cubic read and the rotation kernel on the cubic basis (vsini
 # unbiased at low values); 0.10: torch:fused (Triton), clipping judged on the device; 0.11: numba:threads runs
-# the serial kernels on a batch of one (older timings mismeasure the newer code: a version change recalibrates)
+# the serial kernels on a batch of one; 0.12: a parallel backend's grid is its compile key (its workers load each
+# grid once: calibration measures that one-off apart) (older timings mismeasure the newer code: a version change
+# recalibrates)
 __all__ = ["Spectra", "SpectraProblem", "fit_spectra"]
 
 
@@ -103,7 +105,8 @@ def _supports(problem: SpectraProblem, implementation: str) -> str:
 def _compile_key(problem: SpectraProblem, implementation: str) -> tuple:
     from plugins.spectra.solve import compile_key
 
-    return compile_key(problem, implementation)
+    # an implementation the spec does not list is its parallel one, under a mapping backend's name
+    return compile_key(problem, implementation, parallel=implementation not in SPEC.implementations)
 
 
 def _chunks(n: int) -> list[tuple[int, int]]:

@@ -134,9 +134,18 @@ def fused_unsupported(problem: SpectraProblem | None = None) -> str:
     return ""
 
 
-def compile_key(problem: SpectraProblem, implementation: str) -> tuple:
-    """What the Triton variants compile their kernels for (the rest reuse the first compile): the continuum's
-    degree, the grid and the arm count set their constants (triton_kernels' constexprs); () for the others."""
+def compile_key(problem: SpectraProblem, implementation: str, parallel: bool = False) -> tuple:
+    """What a first run pays for again at a new key: the Triton variants compile their kernels for the
+    continuum's degree, the grid and the arm count (triton_kernels' constexprs); a parallel backend's workers
+    (``parallel``: the pool's, a cluster's) each load a grid's templates at their first task on it; () for the
+    others.
+
+    The pool's warm-up loads the small grid (:func:`warm_worker_kernels`); a trial of the pool on a fit on the
+    medium grid in `crossover evaluate` on the VM paid 154 ms for a 23 ms fit, every worker reading the grid,
+    which nothing declared, and the loop took 2.1x the calls naming numba:threads.
+    """
+    if parallel:
+        return (problem.grid,)
     if implementation not in ("torch:fused", "torch:graph"):
         return ()
     arms = len(problem.spectra.arm_names) if problem.spectra is not None else len(ARMS)  # synthetic: every arm
