@@ -14,7 +14,7 @@ exists because a gain inside the models' own error is noise, while the
 simpler backend (fewer processes, no device) has fewer ways to go wrong; it
 follows the measured error but is capped, so that the simpler choice never
 costs more than 10 % by the models' own account. Between equally simple
-ones, the smaller unpaid one-off wins (:func:`choose`).
+ones, the smaller one-off at stake wins (:func:`choose`).
 
 **When in doubt, measure.** The plan is *not confident* when a runner-up's
 cost is within twice the combined error of the best (their error bands

@@ -489,12 +489,10 @@ class Planner:
         (``run_seconds``, the plan's model prediction; else its model's at the nominal features), where the
         pairs span sizes (:func:`shape_one_off_line`); else their median.
 
-        What a new shape costs grows with it where the first call at a size
-        does the size's work again: torch.compile's linreg epoch paid 18 ms
-        at 2M samples, 53 at 7.7M and 91 at 16M on the H200 host, where
-        torch:graph's capture cost 3-4 ms at any size. The median of the
-        calibration's shapes (the smaller ones) made the compiled variant
-        look the cheaper bet at 7.7M, where its first call took 351 ms.
+        What a new shape costs can grow with it: in one process on the H200
+        host torch.compile's linreg epoch paid 18 ms at 2M samples, 53 at
+        7.7M and 91 at 16M, where torch:graph's capture cost 3-4 ms at any
+        size, and a median of small shapes charges a large one too little.
         """
         pairs = slot.get("shape_one_off_pairs")
         line = shape_one_off_line(pairs) if pairs else None
