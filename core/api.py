@@ -232,8 +232,6 @@ def _next(spec: SolverSpec, decision: Plan, race: Any, expected_calls: float | N
 
 def _missed(decision: Plan, race: Any) -> list[str]:
     """The contenders whose runs here lie above their model's whole band (race.model_missed)."""
-    if not any(race.warm.values()):  # a new problem's first calls: nothing ran warm, nothing missed
-        return []
     return [key for key, p in decision.predictions.items() if race.warm.get(key) and p.model_seconds
             and model_missed((p.model_seconds, p.model_error or 0.0), race.warm[key])]
 
@@ -259,8 +257,6 @@ def _estimated(decision: Plan, race: Any = None) -> dict[str, Any]:
 
 
 def _in_conditions(bands: dict[str, Any], decision: Plan, race: Any) -> dict[str, Any]:
-    if race.leader is None:  # nothing has run on the problem: every band as its model has it (as the race's rule)
-        return dict(bands)
     models = {key: p.model_seconds for key, p in decision.predictions.items()}
     return in_the_loops_conditions(bands, models, race, backend_of)
 

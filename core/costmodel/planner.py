@@ -468,20 +468,29 @@ class Planner:
 
         Its first run in the process pays the whole one-off (a JIT, a
         compile); a run at a new shape after that pays the one-off of a
-        shape (``shape_one_off_seconds``, where calibration or earlier solves
-        measured it; else the whole one-off, as a store from before they were
-        measured apart has it).
+        shape (:meth:`_shape_one_off`, where calibration or earlier solves
+        measured it; else the whole one-off: :meth:`_owed_slot`).
         torch.compile's linreg epoch took 18.7 s to compile in a process and
         15-90 ms at each new size after it (H200 host): charged the first
         per size, a contender was never worth a trial; charged nothing, a
         trial on a 7 ms problem paid 338 ms unforeseen.
         """
-        if self._paid_key(spec, implementation, problem) in self.process.paid:
+        owed = self._owed_slot(spec, implementation, problem)
+        if owed is None:
             return 0.0
-        slot = self.entry(spec, implementation) or {}
-        if self.has_run(spec, implementation) and "shape_one_off_seconds" in slot:
+        slot, new_shape = owed
+        if new_shape:
             return self._shape_one_off(spec, implementation, problem, slot, run_seconds)
         return float(slot.get("one_off_seconds", 0.0))
+
+    def _owed_slot(self, spec: SolverSpec, implementation: str, problem: Any) -> tuple[dict[str, Any], bool] | None:
+        """The implementation's stored slot where a run on ``problem`` still owes a one-off here (None where this
+        shape is paid), and whether it is a new shape's (the implementation ran at another) rather than the whole.
+        A store from before shapes were measured apart owes the whole one-off at each shape."""
+        if self._paid_key(spec, implementation, problem) in self.process.paid:
+            return None
+        slot = self.entry(spec, implementation) or {}
+        return slot, self.has_run(spec, implementation) and "shape_one_off_seconds" in slot
 
     def _shape_one_off(self, spec: SolverSpec, implementation: str, problem: Any, slot: Mapping[str, Any],
                        run_seconds: float | None = None) -> float:
@@ -496,13 +505,10 @@ class Planner:
         """
         pairs = slot.get("shape_one_off_pairs")
         line = shape_one_off_line(pairs) if pairs else None
-        if line is None:
-            return float(slot["shape_one_off_seconds"])
-        if run_seconds is None:
-            fitted = self.model(spec, implementation)
-            if fitted is None:
-                return float(slot["shape_one_off_seconds"])
+        if line is not None and run_seconds is None and (fitted := self.model(spec, implementation)) is not None:
             run_seconds = fitted.predict(model_features(spec, problem, implementation))[0]
+        if line is None or run_seconds is None:
+            return float(slot["shape_one_off_seconds"])
         return line[0] + line[1] * max(0.0, run_seconds)
 
     def one_off_at_stake(self, spec: SolverSpec, implementation: str, problem: Any) -> float:
@@ -518,10 +524,11 @@ class Planner:
         torch:graph's captures never took over 15 ms.
         """
         backend = self.backend_one_off(backend_of(implementation))
-        if self._paid_key(spec, implementation, problem) in self.process.paid:
+        owed = self._owed_slot(spec, implementation, problem)
+        if owed is None:
             return backend
-        slot = self.entry(spec, implementation) or {}
-        if not (self.has_run(spec, implementation) and "shape_one_off_seconds" in slot):
+        slot, new_shape = owed
+        if not new_shape:
             return backend + float(slot.get("one_off_seconds", 0.0))
         seen = [float(pair[0]) for pair in slot.get("shape_one_off_pairs", [])]
         return backend + max(seen + list(slot.get("shape_one_off_observations", [])),
