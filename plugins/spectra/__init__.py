@@ -22,13 +22,14 @@ from plugins.spectra import work
 from plugins.spectra.model import Spectra
 from plugins.spectra.problem import FULL_PIXELS, SpectraProblem
 
-__version__ = "0.12.0"  # 0.2: the "steps" feature; 0.3: balanced process chunks; 0.4: the CCF start by one product;
+__version__ = "0.13.0"  # 0.2: the "steps" feature; 0.3: balanced process chunks; 0.4: the CCF start by one product;
 # 0.5: a fifth of the torch launches per step, process chunks of at most 16 spectra; 0.6: numba:threads's span;
 # 0.7: tol and degree in the space, the continuum's feature; 0.8: outlier clipping, absolute convergence,
 # ITERATIONS as trial steps everywhere; 0.9: the cubic read and the rotation kernel on the cubic basis (vsini
 # unbiased at low values); 0.10: torch:fused (Triton), clipping judged on the device; 0.11: numba:threads runs
 # the serial kernels on a batch of one; 0.12: a parallel backend's grid is its compile key (its workers load each
-# grid once: calibration measures that one-off apart) (older timings mismeasure the newer code: a version change
+# grid once: calibration measures that one-off apart); 0.13: and the data's wavelength grid (each worker builds
+# the CCF start's design for it; in one process every backend shares one build) (older timings mismeasure the newer code: a version change
 # recalibrates)
 __all__ = ["Spectra", "SpectraProblem", "fit_spectra"]
 

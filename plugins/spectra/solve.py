@@ -13,8 +13,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import numpy as np
@@ -137,19 +138,37 @@ def fused_unsupported(problem: SpectraProblem | None = None) -> str:
 def compile_key(problem: SpectraProblem, implementation: str, parallel: bool = False) -> tuple:
     """What a first run pays for again at a new key: the Triton variants compile their kernels for the
     continuum's degree, the grid and the arm count (triton_kernels' constexprs); a parallel backend's workers
-    (``parallel``: the pool's, a cluster's) each load a grid's templates at their first task on it; () for the
-    others.
+    (``parallel``: the pool's, a cluster's) each load a grid's templates at their first task on it, and build
+    the cross-correlation start's design for the data's wavelengths (:func:`~plugins.spectra.fit.ccf_design`);
+    () for the others.
 
     The pool's warm-up loads the small grid (:func:`warm_worker_kernels`); a trial of the pool on a fit on the
     medium grid in `crossover evaluate` on the VM paid 154 ms for a 23 ms fit, every worker reading the grid,
-    which nothing declared, and the loop took 2.1x the calls naming numba:threads.
+    which nothing declared, and the loop took 2.1x the calls naming numba:threads. Trials of the pool on the
+    small grid took 195-273 ms where its warm fit took 22 ms: each worker built the design for the new
+    wavelengths (5-100 ms a build, with 600-5,600 pixels on the VM). In one process the design is built once
+    per wavelength grid for every backend, so it is no one-off of a backend there.
     """
     if parallel:
-        return (problem.grid,)
+        return (problem.grid, wavelength_key(problem))
     if implementation not in ("torch:fused", "torch:graph"):
         return ()
     arms = len(problem.spectra.arm_names) if problem.spectra is not None else len(ARMS)  # synthetic: every arm
     return (problem.degree, problem.grid, arms)
+
+
+def wavelength_key(problem: SpectraProblem) -> Hashable:
+    """The data's wavelength grid, as a key: synthetic data's follows from its pixel count
+    (:func:`~plugins.spectra.model.arm_wavelengths`); given spectra's is a digest of ``wave``, kept on the
+    problem (a plan asks for it once per implementation)."""
+    if problem.spectra is None:
+        return ("synthetic", problem.n_pixels)
+    kept = problem.__dict__.get("_wavelength_key")
+    if kept is None:
+        wave = np.ascontiguousarray(problem.spectra.wave, dtype=np.float64)
+        kept = hashlib.blake2b(wave.tobytes(), digest_size=16).hexdigest()
+        object.__setattr__(problem, "_wavelength_key", kept)  # a cache, not a field (equality ignores it)
+    return kept
 
 
 def supports(problem: SpectraProblem, implementation: str) -> str:
