@@ -452,6 +452,8 @@ def test_the_solver_is_registered_with_its_size_space_and_features():
     big = spec.features(SpectraProblem(n_spectra=4, n_pixels=4000, max_iter=10))
     assert big["template_iterations"] > 2 * small["template_iterations"]
     assert big["pixel_iterations"] == 8 * small["pixel_iterations"]
+    # the CCF design's read and the basis: once per call, whatever the batch and its iterations
+    assert big["pixels"] == 2 * small["pixels"] == spec.features(SpectraProblem(n_spectra=64, n_pixels=4000))["pixels"]
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 6, 9, 63, 255, 257, 4096, 10_001])

@@ -29,8 +29,8 @@ __version__ = "0.13.0"  # 0.2: the "steps" feature; 0.3: balanced process chunks
 # unbiased at low values); 0.10: torch:fused (Triton), clipping judged on the device; 0.11: numba:threads runs
 # the serial kernels on a batch of one; 0.12: a parallel backend's grid is its compile key (its workers load each
 # grid once: calibration measures that one-off apart); 0.13: and the data's wavelength grid (each worker builds
-# the CCF start's design for it; in one process every backend shares one build) (older timings mismeasure the
-# newer code: a version change recalibrates)
+# the CCF start's design for it; in one process every backend shares one build), and the per-call "pixels"
+# feature (older timings mismeasure the newer code: a version change recalibrates)
 __all__ = ["Spectra", "SpectraProblem", "fit_spectra"]
 
 

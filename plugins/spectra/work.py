@@ -3,9 +3,10 @@
 One model evaluation (every LM iteration makes one, with the Jacobian) costs
 work on the template grid (16-corner interpolation, the rotational
 convolution of 6 channels: ``template_pixels``) and work on the data pixels
-(resampling: ``pixels``; the continuum's normal equations, ``(degree + 1)**2``
-products per pixel: ``continuum_pixel_iterations``). The CCF start costs
-FFTs on the template grid once per spectrum. The template grid's size
+(resampling: ``pixel_iterations``; the continuum's normal equations,
+``(degree + 1)**2`` products per pixel: ``continuum_pixel_iterations``). The
+CCF start costs a product with its design per spectrum (``ccf``), and one
+read of that design per call (``pixels``). The template grid's size
 (nodes x template pixels) is what the torch backend copies to the device on
 its first use and what every corner gather draws from.
 """
@@ -51,6 +52,11 @@ def _features(problem: SpectraProblem, spectrum_iterations: float, steps: float)
         "continuum_pixel_iterations": spectrum_iterations * problem.n_pixels * (problem.degree + 1) ** 2,
         "template_iterations": spectrum_iterations * tp,
         "ccf": float(problem.n_spectra) * tp * COARSE_TEMPLATES,
+        # once per call whatever the batch: the CCF start reads its whole design (a dozen templates at every
+        # pixel and lag, 46 MB with 5,630 pixels: 3-5 ms a fit of two spectra on the VM's CPU) and the
+        # continuum's basis is laid out per pixel; priced per spectrum only (``ccf``), fits of two spectra
+        # with 4,000-5,600 pixels ran 1.6-1.8x their predictions on the VM and 1.6-2.2x on the H200 host
+        "pixels": float(problem.n_pixels),
         "library": float(problem.nodes) * tp,
     }
 
