@@ -183,11 +183,13 @@ def ccf_design(prep: Prepared, library: Any) -> CCFDesign:
 
     Successive batches of one file share the grid, so after the first the
     start costs one matrix product. The host design is every backend's (one
-    build per grid, then a copy to each device): kept per backend, a trial
-    of the GPU after numba had fitted the grid built it again, 161 ms of a
-    trial on a 20 ms fit of two spectra on the H200 host, which no compile
-    key declared. The library itself is kept in the entry: its ``id`` alone
-    could be reused by a new library once the old is freed.
+    build per grid, then a copy to each device): kept per backend, a GPU
+    variant's first fit of two spectra that numba had just fitted built it
+    again, 129-172 ms against 19-28 ms warm with 4,255-5,630 pixels on the
+    H200 host (51-72 ms with the design shared: its copy to the device and
+    a graph's capture remain), which no compile key declared. The library
+    itself is kept in the entry: its ``id`` alone could be reused by a new
+    library once the old is freed.
     """
     ops = prep.ops
     pixels = np.ascontiguousarray(ops.to_numpy(prep.u0))
