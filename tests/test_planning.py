@@ -120,29 +120,6 @@ def test_within_the_margin_equally_simple_variants_go_to_the_one_owing_the_least
     assert choose({**costs, "numpy": 6.8e-3}, simplicity, 0.05, {**owed, "numpy": 0.5}) == "numpy"
 
 
-def test_a_one_off_at_stake_must_be_repaid_in_ten_calls_of_a_gain_the_models_cannot_vouch_for():
-    """Beyond the margin the cheaper pick stands, unless what it still owes exceeds ten calls of its predicted
-    gain over a candidate within their error band owing less: then the gain may not be real, and the one-off
-    is lost (torch:compile on 32M samples on the H200 host: modelled 16 % under torch:graph, both
-    extrapolated, it paid 560 ms on its first call and ran 7 % slower)."""
-    from core.costmodel.plan import OVERLAP, PAYBACK_CALLS, safer
-
-    costs = {"torch:compile": 23.8e-3, "torch:graph": 28.2e-3}
-    owed = {"torch:compile": 0.398, "torch:graph": 0.015}
-    doubtful = {"torch:compile": 0.5, "torch:graph": 0.5}  # both extrapolated
-    assert safer("torch:compile", costs, owed, doubtful) == "torch:graph"
-    # a gain that ten calls turn into more than the difference in what they owe: the cheaper keeps it
-    assert safer("torch:compile", costs, {**owed, "torch:compile": 0.055}, doubtful) == "torch:compile"
-    assert (costs["torch:graph"] - costs["torch:compile"]) * PAYBACK_CALLS > 0.055 - 0.015
-    # outside the band the models vouch for the gain: the cheaper keeps its one-off, however large
-    sure = dict.fromkeys(costs, 0.05)
-    assert costs["torch:graph"] > costs["torch:compile"] * (1 + OVERLAP * math.hypot(0.05, 0.05))
-    assert safer("torch:compile", costs, owed, sure) == "torch:compile"
-    # nothing owed by the pick, or no one owing less: nothing to weigh
-    assert safer("torch:graph", costs, {"torch:compile": 0.398}, doubtful) == "torch:graph"
-    assert safer("torch:compile", costs, {**owed, "torch:graph": 0.5}, doubtful) == "torch:compile"
-
-
 def test_margin_rule_in_a_plan(synthetic):
     DEVICE_FREE_BYTES["value"] = 1.0
     # at n = 111_000 pool is 0.1 % faster than serial: inside the margin, serial wins

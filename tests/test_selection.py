@@ -309,23 +309,6 @@ def test_a_new_shape_owes_what_its_size_predicts_and_a_near_tie_goes_to_the_smal
     assert core.plan(GridProblem(400_000, 100), solver=spec.name, expected_calls=math.inf).backend == "device:compile"
 
 
-def test_a_plan_at_endless_calls_declines_a_one_off_its_uncertain_gain_would_not_repay(clean):
-    """At ``expected_calls=inf`` one-offs weigh nothing in the costs; a doubtful gain still does not buy a
-    large one-off at stake (plan.safer), and the reason says so."""
-    (spec,) = _install(_spec("synthetic.payback", {"device:compile": _echo, "device:graph": _echo},
-                             compile_key=lambda p, key: (p.n,)))
-    _calibrate(spec, "device:compile", lambda p: 0.84e-8 * p.n * p.m, GRID, one_off=0.4)
-    _calibrate(spec, "device:graph", lambda p: 1e-8 * p.n * p.m, GRID, one_off=0.01)
-    far = GridProblem(4_000_000, 100)  # beyond the calibrated sizes: both extrapolated
-    plan = core.plan(far, solver=spec.name, expected_calls=math.inf)
-    assert plan.predictions["device:compile"].status == "extrapolated"
-    assert plan.predictions["device:compile"].seconds < plan.predictions["device:graph"].seconds / 1.1
-    assert plan.backend == "device:graph" and "10 calls of its predicted gain would not repay" in plan.reason
-    # once the compile's one-off is paid there is nothing at stake: its gain decides
-    core.solve(far, backend="device:compile", solver=spec.name)
-    assert core.plan(far, solver=spec.name, expected_calls=math.inf).backend == "device:compile"
-
-
 def test_a_solve_at_a_new_shape_adds_a_shape_s_one_off(clean):
     """A real first call at a new shape, after the implementation ran at another, is an observation of a
     shape's one-off (its excess over the model), not of the whole one-off."""

@@ -7,7 +7,6 @@ The decision, in the spirit of scipy's ``choose_conv_method``::
     best      = min(cost(i) for i in candidates)
     margin(i) = clip(hypot(error(best), error(i)), 2 %, 10 %)
     chosen    = of i with cost(i) <= cost(best) * (1 + margin(i)): simplest, least at_stake(i), cheapest
-    safer     = of chosen and each j owing less within 2 hypot(error(chosen), error(j)): least cost + at_stake / 10
 
 Candidates are the implementations whose backend is available, that support
 the problem, whose memory estimate fits and that have a model. The margin
@@ -15,9 +14,7 @@ exists because a gain inside the models' own error is noise, while the
 simpler backend (fewer processes, no device) has fewer ways to go wrong; it
 follows the measured error but is capped, so that the simpler choice never
 costs more than 10 % by the models' own account. Between equally simple
-ones, the smaller one-off at stake wins (:func:`choose`). And a pick that
-owes a one-off its predicted gain would not repay in ten calls gives way to
-a candidate within the models' error band that owes less (:func:`safer`).
+ones, the smaller one-off at stake wins (:func:`choose`).
 
 **When in doubt, measure.** The plan is *not confident* when a runner-up's
 cost is within twice the combined error of the best (their error bands
@@ -61,7 +58,7 @@ from core.costmodel.design import with_size
 from core.costmodel.features import model_features
 from core.costmodel.fit import CostModel
 from core.costmodel.planner import accepts_planner, current, numeric_key, problem_key
-from core.costmodel.race import EXPLORE_HORIZON, EXTRAPOLATED_ERROR, estimate, relative_error
+from core.costmodel.race import EXTRAPOLATED_ERROR, estimate, relative_error
 from core.errors import AutoSelectionError
 from core.registry import get_registry, get_solver
 from core.result import Plan, Prediction
@@ -76,9 +73,6 @@ OVERLAP = 2.0  # error bands: this many relative errors either side
 MEASURE_AT_MOST = 3
 VIEW_SECONDS = 1.0  # a cached view of the models is reused this long (the free memory it read ages)
 VIEWS_KEPT = 256
-# a one-off at stake is weighed against this many calls of a predicted gain within the models' error (safer):
-# the horizon over which the online loop counts a trial's gain (race.EXPLORE_HORIZON)
-PAYBACK_CALLS = EXPLORE_HORIZON
 
 
 def choose(costs: Mapping[str, float], simplicity: Mapping[str, int],
@@ -102,30 +96,6 @@ def choose(costs: Mapping[str, float], simplicity: Mapping[str, int],
     near = [name for name, cost in costs.items() if cost <= best * (1 + margins[name])]
     owed = owed or {}
     return min(near, key=lambda name: (simplicity.get(name, 50), owed.get(name, 0.0), costs[name]))
-
-
-def safer(chosen: str, costs: Mapping[str, float], owed: Mapping[str, float], errors: Mapping[str, float]) -> str:
-    """``chosen`` (:func:`choose`'s pick), or a candidate owing less at stake within their error band whose cost
-    plus one-off at stake over :data:`PAYBACK_CALLS` calls is less.
-
-    The models' gain of a pick is worth its one-off only if the gain is
-    real: within their combined error band (:data:`OVERLAP` errors, what
-    makes a plan not confident) it may not be, and then the one-off is lost.
-    So a one-off at stake is weighed against :data:`PAYBACK_CALLS` calls of
-    the predicted gain, even at ``expected_calls=inf``. On the H200 host
-    linreg's torch:compile, modelled at 23.8 ms on 32M samples against
-    torch:graph's 28.2 (both extrapolated, 50 % off), paid 560 ms at that
-    new size on its first call, and ran 21.4 ms against torch:graph's 20.0:
-    the three calls took 9x those naming torch:graph. Calibration had seen
-    it pay 398 ms at one new size; torch:graph's captures stayed under 15.
-    A candidate clearly faster (outside the band) keeps its one-off.
-    """
-    stake = owed.get(chosen, 0.0)
-    if not stake:
-        return chosen
-    band = [name for name in costs if owed.get(name, 0.0) < stake
-            and costs[name] <= costs[chosen] * (1 + OVERLAP * math.hypot(errors[chosen], errors[name]))]
-    return min([chosen, *band], key=lambda name: costs[name] + owed.get(name, 0.0) / PAYBACK_CALLS)
 
 
 UNRECORDED_CALLS = 4.0
@@ -329,15 +299,10 @@ def _decide(candidates: Mapping[str, _Candidate], calls: float,
     costs = {k: c.cost for k, c in candidates.items()}
     best = min(costs, key=costs.get)
     margins = _margins(candidates, best, margin)
-    owed = {k: c.at_stake for k, c in candidates.items()}
-    picked = choose(costs, {k: c.simplicity for k, c in candidates.items()}, margins, owed)
-    chosen = safer(picked, costs, owed, {k: c.error for k, c in candidates.items()})
+    chosen = choose(costs, {k: c.simplicity for k, c in candidates.items()}, margins,
+                    {k: c.at_stake for k, c in candidates.items()})
     reason = f"lowest predicted time {costs[chosen]:.3g} s"
-    if chosen != picked:
-        reason = (f"within the models' error of {picked} ({costs[picked]:.3g} s), whose one-off at stake "
-                  f"({owed[picked]:.3g} s) {PAYBACK_CALLS} calls of its predicted gain would not repay: "
-                  f"{costs[chosen]:.3g} s")
-    elif chosen != best:
+    if chosen != best:
         why = "simpler" if candidates[chosen].simplicity < candidates[best].simplicity else "owes less one-off"
         reason = (f"within {margins[chosen]:.0%} of the fastest ({best}, {costs[best]:.3g} s) and {why}: "
                   f"{costs[chosen]:.3g} s")
