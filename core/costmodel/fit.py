@@ -91,7 +91,7 @@ class CostModel:
             value = float(features.get(name, 0.0))
             if value > high * EXTRAPOLATION_FACTOR or value < low / EXTRAPOLATION_FACTOR:
                 return True
-        return self._off_axes([float(features.get(n, 0.0)) for n in self.feature_names])
+        return _off_slabs([float(features.get(n, 0.0)) for n in self.feature_names], self.centre, self._slabs)
 
     @functools.cached_property
     def _region(self) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...],
@@ -106,24 +106,15 @@ class CostModel:
         """
         if tuple(self.ranges) != tuple(self.feature_names):
             return None
-        slack = math.log(EXTRAPOLATION_FACTOR)
         lows = tuple(low / EXTRAPOLATION_FACTOR for low, _ in self.ranges.values())
         highs = tuple(high * EXTRAPOLATION_FACTOR for _, high in self.ranges.values())
-        slabs = tuple((axis, low - slack, high + slack) for axis, (low, high) in zip(self.axes, self.span))
-        return lows, highs, self.centre, slabs
+        return lows, highs, self.centre, self._slabs
 
-    def _off_axes(self, phi: list[float]) -> bool:
-        if not self.axes:
-            return False
-        # in plain Python: a handful of features, where NumPy's per-call cost was most of a plan's (and
-        # map over operator.mul, at half a generator's cost: a plan predicts every implementation)
-        point = [math.log1p(max(value, 0.0)) - c for value, c in zip(phi, self.centre)]
+    @functools.cached_property
+    def _slabs(self) -> tuple[tuple[tuple[float, ...], float, float], ...]:
+        """Each principal axis with its span widened by the slack a direction allows (log of the factor)."""
         slack = math.log(EXTRAPOLATION_FACTOR)
-        for axis, (low, high) in zip(self.axes, self.span):
-            coordinate = sum(map(operator.mul, axis, point))
-            if coordinate < low - slack or coordinate > high + slack:
-                return True
-        return False
+        return tuple((axis, low - slack, high + slack) for axis, (low, high) in zip(self.axes, self.span))
 
     @property
     def status(self) -> str:
@@ -139,6 +130,12 @@ def _outside(phi: list[float], lows: tuple[float, ...], highs: tuple[float, ...]
     """
     if any(map(operator.gt, phi, highs)) or any(map(operator.lt, phi, lows)):
         return True
+    return _off_slabs(phi, centre, slabs)
+
+
+def _off_slabs(phi: list[float], centre: tuple[float, ...],
+               slabs: tuple[tuple[tuple[float, ...], float, float], ...]) -> bool:
+    """Whether ``phi`` leaves a slab of the trust region (:attr:`CostModel._slabs`), in log1p scale about ``centre``."""
     if not slabs:
         return False
     point = [math.log1p(value if value > 0.0 else 0.0) - c for value, c in zip(phi, centre)]

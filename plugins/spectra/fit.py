@@ -104,6 +104,9 @@ def _cat(ops: Any, arrays: list, axis: int) -> Any:
     return ops.torch.cat(arrays, dim=axis) if ops.name == "torch" else np.concatenate(arrays, axis=axis)
 
 
+_HOST = NumpyOps(np.float32)  # the design's arithmetic, whatever the fit's backend (flatten_templates)
+
+
 def flatten_templates(prep: Prepared, nodes: np.ndarray) -> np.ndarray:
     """The coarse templates divided by their running mean, minus 1: lines only (float32, on the host).
 
@@ -114,9 +117,6 @@ def flatten_templates(prep: Prepared, nodes: np.ndarray) -> np.ndarray:
     rows = prep.ops.to_numpy(prep.table[prep.ops.asint(nodes)]).astype(np.float32, copy=False)
     flux = np.exp(rows)
     return flux / (_running_mean(_HOST, flux, TEMPLATE_SMOOTH) / (2 * TEMPLATE_SMOOTH + 1)) - 1
-
-
-_HOST = NumpyOps(np.float32)
 
 
 @dataclass(frozen=True)
