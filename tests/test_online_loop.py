@@ -1028,7 +1028,7 @@ def test_a_trial_whose_first_run_paid_an_undeclared_one_off_runs_again_warm(clea
     seen = set()
 
     def captures_per_problem(problem):
-        time.sleep(0.2 if id(problem) not in seen else 16e-3)
+        time.sleep(0.2 if id(problem) not in seen else 12e-3)
         seen.add(id(problem))
         return {"n": np.array(problem.n)}
 
