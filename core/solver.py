@@ -101,6 +101,12 @@ class SolverSpec:
       items that implementation's kernels share among its backend's threads
       (spectra parallel over spectra); its model gets the span over the
       backend's ``threads()`` in the same way. Needs ``span_feature``.
+    - ``implementation_features``: implementation key -> ``fn(features)``, the
+      work measures that only that implementation pays, derived from the
+      solver's features (expected or done, as the model is given them):
+      spectra.fit's ``torch:graph`` launches its first LM steps one kernel at
+      a time and then captures one as a CUDA graph, a price per call that no
+      other implementation pays and no feature of the batch can say.
     - ``work_done(problem, outputs)``: the features of the work a finished
       solve really did, where that is known only afterwards (iterations to
       converge); a real solve's history sample uses it instead of ``features``.
@@ -125,6 +131,8 @@ class SolverSpec:
     parallel_tasks: Callable[[Any], float] | None = None
     span_feature: str | None = None
     thread_items: Mapping[str, Callable[[Any], float]] = field(default_factory=dict)
+    implementation_features: Mapping[str, Callable[[Mapping[str, float]], Mapping[str, float]]] = field(
+        default_factory=dict)
     compile_key: Callable[[Any, str], Hashable] | None = None
     work_done: Callable[[Any, Outputs], Mapping[str, float]] | None = None
     summarize: Callable[[Any, Outputs], str] = field(default=lambda problem, outputs: f"{len(outputs)} outputs")
@@ -200,7 +208,24 @@ def check_spec(spec: object, plugin_name: str) -> SolverSpec:
         raise PluginError(f"{where} thread_items names {', '.join(unknown)}, which are not its implementations")
     if spec.thread_items and spec.span_feature is None:
         raise PluginError(f"{where} thread_items needs a span_feature, the work the threads share")
+    _check_implementation_features(spec, default, where)
     return spec
+
+
+def _check_implementation_features(spec: SolverSpec, default: Any, where: str) -> None:
+    """Each implementation's own features: of implementations it has, new names, finite numbers >= 0."""
+    unknown = sorted(set(spec.implementation_features) - set(spec.implementations))
+    if unknown:
+        raise PluginError(f"{where} implementation_features names {', '.join(unknown)}, "
+                          "which are not its implementations")
+    base = dict(spec.features(default))
+    for key, extra in spec.implementation_features.items():
+        added = dict(extra(base))  # guarded (guard_spec): a fault raises a PluginError naming it
+        clash = sorted(set(added) & set(base))
+        if clash:
+            raise PluginError(f"{where} implementation_features[{key!r}] redefines {', '.join(clash)}, "
+                              "which are the solver's own features")
+        _check_feature_values(added, f"{where} implementation_features[{key!r}]:")
 
 
 def _check_features(spec: SolverSpec, problem: Any, where: str) -> None:
@@ -213,6 +238,10 @@ def _check_features(spec: SolverSpec, problem: Any, where: str) -> None:
     if not isinstance(features, Mapping) or not features:
         raise PluginError(f"{where} features() must return a non-empty mapping of name -> number, "
                           f"got {type(features).__name__}")
+    _check_feature_values(features, where)
+
+
+def _check_feature_values(features: Mapping[str, Any], where: str) -> None:
     for name, value in features.items():
         ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
         if not isinstance(name, str) or not ok:
@@ -278,8 +307,13 @@ def _guarded(fn: Callable[..., Any], where: str, what: str) -> Callable[..., Any
 def guard_spec(spec: SolverSpec, plugin_name: str) -> SolverSpec:
     """The same spec with its descriptive functions guarded (see :func:`_guarded`)."""
     where = f"plugin {plugin_name!r}: solver {spec.name!r}"
-    changes = {name: _guarded(fn, where, name) for name in _GUARDED
-               if (fn := getattr(spec, name)) is not None and not getattr(fn, "__crossover_guarded__", False)}
+    changes: dict[str, Any] = {name: _guarded(fn, where, name) for name in _GUARDED
+                               if (fn := getattr(spec, name)) is not None
+                               and not getattr(fn, "__crossover_guarded__", False)}
+    changes["implementation_features"] = {
+        key: fn if getattr(fn, "__crossover_guarded__", False)
+        else _guarded(fn, where, f"implementation_features[{key!r}]")
+        for key, fn in spec.implementation_features.items()}
     return dataclasses.replace(spec, **changes)
 
 

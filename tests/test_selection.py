@@ -17,6 +17,7 @@ import pytest
 
 import core
 from core.costmodel import history
+from core.costmodel.features import model_features
 from core.costmodel.fit import Sample, fit
 from core.costmodel.history import IdentifiabilityWarning, sample_record
 from core.running import forget_probes
@@ -122,6 +123,29 @@ def test_a_feature_zero_in_every_sample_is_dropped_without_a_warning(clean):
         model = history.model(spec, "serial")
     assert model.undetermined == ("spilled",)
     assert model.predict({"n": 5e6, "m": 10.0, "spilled": 4e6})[1] is True
+
+def test_an_implementations_own_features_price_what_only_it_pays(clean):
+    """A variant whose first steps launch one by one and whose later ones replay a captured graph (spectra's
+    torch:graph) costs per step what no feature of the solver says. Declared as its own features, its model
+    prices a one-step run and a long one alike; the other implementation's model never sees them."""
+    steps = lambda p: {"n": float(p.n), "steps": float(p.m)}  # noqa: E731
+    own = {"device": lambda f: {"eager_steps": min(f["steps"], 3.0), "captures": float(f["steps"] > 2)}}
+    graph_cost = lambda p: 1e-4 + 2e-3 * min(p.m, 3) + 5e-3 * (p.m > 2) + 1e-5 * p.m  # noqa: E731
+    (spec,) = _install(_spec("synthetic.graph", {"serial": _echo, "device": _echo}, features=steps,
+                             implementation_features=own))
+    design = [GridProblem(n, m) for n in (10, 1_000, 100_000) for m in (1, 2, 3, 5, 20, 60)]
+    _calibrate(spec, "device", graph_cost, design)
+    _calibrate(spec, "serial", lambda p: 1e-3 + 1e-6 * p.n + 1e-5 * p.m, design)
+    device = history.model(spec, "device")
+    for problem in (GridProblem(500, 1), GridProblem(500, 4), GridProblem(50_000, 40)):
+        predicted, extrapolated = device.predict(model_features(spec, problem, "device"))
+        assert predicted == pytest.approx(graph_cost(problem), rel=1e-6) and not extrapolated
+    assert "eager_steps" not in model_features(spec, GridProblem(500, 1), "serial")
+    assert {"eager_steps", "captures"} <= set(device.feature_names) and not device.undetermined
+    # the plan's prediction goes through the same features
+    assert core.plan(GridProblem(500, 1), solver=spec.name).predictions["device"].seconds == pytest.approx(
+        graph_cost(GridProblem(500, 1)), rel=1e-6)
+
 
 def test_a_one_sample_fit_is_never_calibrated(clean):
     model = fit([Sample({"n": 100.0, "m": 10.0}, 0.01)])

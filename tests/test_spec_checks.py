@@ -70,6 +70,17 @@ def test_a_good_spec_passes():
      "plugin 'tp': solver 'thirdparty.job' thread_items names numba:threads, which are not its implementations"),
     ({"thread_items": {"numpy": lambda p: 1.0}},
      "plugin 'tp': solver 'thirdparty.job' thread_items needs a span_feature, the work the threads share"),
+    ({"implementation_features": {"numba:graph": lambda f: {"eager": 1.0}}},
+     "plugin 'tp': solver 'thirdparty.job' implementation_features names numba:graph, which are not its "
+     "implementations"),
+    ({"implementation_features": {"numpy": lambda f: {"n": 2 * f["n"]}}},
+     "plugin 'tp': solver 'thirdparty.job' implementation_features['numpy'] redefines n, which are the solver's "
+     "own features"),
+    ({"implementation_features": {"numpy": lambda f: {"launches": math.inf}}},
+     "plugin 'tp': solver 'thirdparty.job' implementation_features['numpy']: feature 'launches'=inf at the default "
+     "problem is invalid: must be a finite number >= 0"),
+    ({"implementation_features": {"numpy": lambda f: {"launches": f["steps"]}}},
+     "plugin 'tp': solver 'thirdparty.job': implementation_features['numpy']() raised KeyError: 'steps'"),
 ])
 def test_a_broken_spec_is_refused_with_a_clear_message(changes, message):
     with pytest.raises(PluginError) as caught:

@@ -456,6 +456,26 @@ def test_the_solver_is_registered_with_its_size_space_and_features():
     assert big["pixels"] == 2 * small["pixels"] == spec.features(SpectraProblem(n_spectra=64, n_pixels=4000))["pixels"]
 
 
+@pytest.mark.parametrize(("steps", "eager", "captures"), [(1, 1, 0), (2, 2, 0), (3, 3, 1), (40, 3, 1), (2.5, 2.5, 1)])
+def test_only_torch_graph_prices_its_eager_steps_and_its_capture(steps, eager, captures):
+    """torch:graph launches GRAPH_AFTER steps kernel by kernel, runs the next on the capture stream and
+    captures it, then replays: its own features, from the steps expected or done; no other implementation
+    has them."""
+    import core
+    from core.costmodel.features import model_features
+    from plugins.spectra.fit import GRAPH_AFTER
+    from plugins.spectra.problem import SpectraProblem
+
+    assert GRAPH_AFTER == 2
+    spec = core.solvers()["spectra.fit"]
+    problem = SpectraProblem(n_spectra=2, n_pixels=1500)
+    base = {**spec.features(problem), "steps": float(steps)}
+    graph = model_features(spec, problem, "torch:graph", base)
+    assert (graph["eager_steps"], graph["captures"]) == (eager, captures) and graph["steps"] == steps
+    for other in ("numba:threads", "torch", "torch:fused", "numpy"):
+        assert not {"eager_steps", "captures"} & set(model_features(spec, problem, other, base))
+
+
 @pytest.mark.parametrize("n", [1, 2, 5, 6, 9, 63, 255, 257, 4096, 10_001])
 def test_parallel_chunks_are_balanced_and_cover_the_batch(n):
     """The process backend's tasks: contiguous, covering every spectrum once, sizes within one; at most 64

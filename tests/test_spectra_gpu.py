@@ -117,3 +117,19 @@ def test_graph_fit_agrees_with_the_fused_fit_and_runs_its_steps_as_a_cuda_graph(
         graph = core.solve(SpectraProblem(spectra=spectra), backend="torch:graph").outputs
     assert CAPTURES["captured"] > before["captured"] and CAPTURES["failed"] == before["failed"]
     _assert_fits_agree(fused, graph)
+
+
+@pytest.mark.parametrize("max_iter", [1, 2, 3, 6])
+def test_torch_graph_captures_exactly_when_its_own_features_say(max_iter):
+    """The cost model prices torch:graph's eager steps and its capture as features of their own
+    (work.graph_features, from the steps the fit really ran): they must say what lm_static did."""
+    from core.costmodel.features import model_features
+    from plugins.spectra.fit import CAPTURES
+
+    spec = core.solvers()["spectra.fit"]
+    problem = SpectraProblem(n_spectra=8, n_pixels=1500, max_iter=max_iter, tol=0.0, seed=5)
+    before = dict(CAPTURES)
+    result = core.solve(problem, backend="torch:graph")
+    done = model_features(spec, problem, "torch:graph", spec.work_done(problem, result.outputs))
+    assert done["captures"] == CAPTURES["captured"] - before["captured"]
+    assert done["eager_steps"] == min(done["steps"], 3.0) and done["steps"] == max_iter

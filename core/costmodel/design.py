@@ -118,9 +118,12 @@ def _cost_order(spec: SolverSpec, problems: list) -> list:
 
 
 def model_coefficients(spec: SolverSpec) -> int:
-    """Coefficients of the solver's largest model: its features, the intercept, and a parallel backend's span."""
+    """Coefficients of the solver's largest model: its features, the intercept, a parallel backend's span and an
+    implementation's own features."""
     spans = 1 if spec.span_feature is not None and (spec.parallel_tasks is not None or spec.thread_items) else 0
-    return len(spec.features(spec.default_problem())) + 1 + spans
+    base = spec.features(spec.default_problem())
+    own = max((len(extra(base)) for extra in spec.implementation_features.values()), default=0)
+    return len(base) + 1 + spans + own
 
 
 def calibration_design(spec: SolverSpec, quick: bool = True) -> list:

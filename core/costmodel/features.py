@@ -51,12 +51,16 @@ def threads(implementation: str) -> int | None:
 
 def model_features(spec: SolverSpec, problem: Any, implementation: str,
                    base: Mapping[str, float] | None = None) -> dict[str, float]:
-    """The solver's features of ``problem``, with the span on a parallel backend or a threaded implementation.
+    """The solver's features of ``problem``, with the implementation's own (``SolverSpec.implementation_features``)
+    and the span on a parallel backend or a threaded implementation.
 
     ``base`` passes features already computed for this problem (planning
     computes them once for every implementation).
     """
     features = {name: float(value) for name, value in (base or spec.features(problem)).items()}
+    own = spec.implementation_features.get(implementation)
+    if own is not None:  # derived from the (expected or done) features, as the model is given them
+        features.update((name, float(value)) for name, value in own(features).items())
     if spec.span_feature is None:
         return features
     workers = parallelism(implementation) if spec.parallel_tasks is not None else None

@@ -22,7 +22,7 @@ from plugins.spectra import work
 from plugins.spectra.model import Spectra
 from plugins.spectra.problem import FULL_PIXELS, SpectraProblem
 
-__version__ = "0.13.0"  # 0.2: the "steps" feature; 0.3: balanced process chunks; 0.4: the CCF start by one product;
+__version__ = "0.14.0"  # 0.2: the "steps" feature; 0.3: balanced process chunks; 0.4: the CCF start by one product;
 # 0.5: a fifth of the torch launches per step, process chunks of at most 16 spectra; 0.6: numba:threads's span;
 # 0.7: tol and degree in the space, the continuum's feature; 0.8: outlier clipping, absolute convergence,
 # ITERATIONS as trial steps everywhere; 0.9: the cubic read and the rotation kernel on the cubic basis (vsini
@@ -30,7 +30,8 @@ __version__ = "0.13.0"  # 0.2: the "steps" feature; 0.3: balanced process chunks
 # the serial kernels on a batch of one; 0.12: a parallel backend's grid is its compile key (its workers load each
 # grid once: calibration measures that one-off apart); 0.13: and the data's wavelength grid (each worker builds
 # the CCF start's design for it; in one process every backend shares one build), and the per-call "pixels"
-# feature (older timings mismeasure the newer code: a version change recalibrates)
+# feature; 0.14: torch:graph's eager steps and capture as features of its own (older timings mismeasure the newer
+# code or lack the newer features: a version change recalibrates)
 __all__ = ["Spectra", "SpectraProblem", "fit_spectra"]
 
 
@@ -83,6 +84,8 @@ SPEC = SolverSpec(
     span_feature="template_iterations",
     # numba:threads shares the batch's spectra among Numba's threads (solve_numba)
     thread_items={"numba:threads": lambda problem: float(problem.n_spectra)},
+    # torch:graph's first steps launch kernel by kernel and one step is captured (work.graph_features)
+    implementation_features={"torch:graph": work.graph_features},
     features=work.features,
     work_done=work.work_done,
     size_axis="n_spectra",
