@@ -17,7 +17,7 @@ from core.backend import Availability, safe_describe
 from core.costmodel.calibrate import ensure_calibrated, measure_outputs
 from core.costmodel.features import model_features
 from core.costmodel.plan import plan, plan_problem, recent_free_memory
-from core.costmodel.planner import accepts_planner, current, numeric_key
+from core.costmodel.planner import accepts_planner, current, fields_held, numeric_key
 from core.costmodel.race import (
     SHORT_RUN,
     SPREAD_AFTER,
@@ -344,6 +344,13 @@ def solve(problem: Any, backend: str = "auto", *, solver: str | None = None,
     if not isinstance(problem, spec.problem_type):
         raise ProblemError(f"solver {spec.name!r} takes a {spec.problem_type.__name__}, "
                            f"got {type(problem).__name__}")
+    with fields_held(problem):  # read once in this call, not at each of the loop's keys and records
+        return _solve(spec, problem, backend, expected_calls, limit, planning)
+
+
+def _solve(spec: SolverSpec, problem: Any, backend: str, expected_calls: float | None, limit: float,
+           planning: str) -> Result:
+    """:func:`solve` on a checked problem of a found solver: plan (or reuse a settled step), run, observe."""
     planner = current()
     planner.count_call(spec)
     nominal = spec.features(problem)
