@@ -979,6 +979,12 @@ def test_a_frozen_problems_fields_are_kept_on_it_and_a_mutable_ones_are_read_eac
         planning.numeric_key(frozen)
     mutable.n = 7
     assert planning.numeric_key(mutable) == (("n", 7.0),)
+    # within one core.solve call a mutable problem's fields are read once (fields_held), and only there
+    with planning.fields_held(mutable):
+        mutable.n = 8
+        assert planning.numeric_fields(mutable) == {"n": 7.0} and planning.numeric_key(mutable) == (("n", 7.0),)
+        assert planning.numeric_fields(_Mutable(n=4)) == {"n": 4.0}  # another problem is read as ever
+    assert planning.numeric_fields(mutable) == {"n": 8.0} and planning.numeric_key(mutable) == (("n", 8.0),)
 
 
 def test_a_first_run_under_the_pick_s_model_bounds_it_for_call_2_s_trial(clean):
