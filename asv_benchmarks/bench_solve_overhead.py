@@ -10,9 +10,16 @@ copy). The goal: at most 0.3 ms, or 2 % of the solve.
 (after the loop settled) of a small problem of each solver;
 ``track_overhead_fraction`` divides it by the solve's median time.
 
+``FirstCalls`` times what ``crossover evaluate``'s loop ratio charges on small
+problems: a new problem's three calls on a fresh planner over the
+calibration (as ``evaluate`` runs them, ``core.costmodel.evaluate.run_loop``),
+choosing and naming the implementation the first choice ran. Its tracks are
+the first call's overhead either way and the choosing calls' total over the
+naming ones' (the selection issue's bar is 1.3).
+
 Run it without asv too: ``python asv_benchmarks/bench_solve_overhead.py``
 (a quick calibration of each solver first, in a temporary wisdom store);
-``--profile`` adds where the steady-state calls spend their time (each
+``--first-calls`` adds ``FirstCalls``' figures; ``--profile`` adds where the steady-state calls spend their time (each
 phase's wall time, then cProfile's top functions by their own and their
 cumulative time), to find what a host adds.
 """
@@ -86,6 +93,63 @@ class SolveOverhead:
     track_overhead_fraction.unit = "overhead / kernel seconds"
 
 
+FIRST_CALL_LOOPS = 40
+
+
+def first_calls(solver: str, loops: int = FIRST_CALL_LOOPS) -> dict[str, float]:
+    """Medians over ``loops`` new problems (fresh copies of the solver's small problem): each of the three calls'
+    overhead choosing and naming (the implementation the choosing loop ran first), and their walls' ratio."""
+    from core.costmodel.evaluate import hold_inputs, primer, run_loop, warm_the_process
+    from core.registry import get_solver
+
+    spec = get_solver(solver)
+    warm_the_process(spec, True)  # a user's process has run the solver before (evaluate does the same)
+    earlier = primer(spec, True)
+    rows: dict[str, list[float]] = {}
+    for _ in range(loops):
+        problem = _problem(solver)
+        hold_inputs(problem)
+        _, chosen, chosen_walls = run_loop(spec, problem, 3, primer=earlier)
+        twin = _problem(solver)
+        hold_inputs(twin)
+        _, named, named_walls = run_loop(spec, twin, 3, backend=chosen[0].backend, planning="estimate",
+                                         primer=earlier)
+        for label, results, walls in (("choosing", chosen, chosen_walls), ("naming", named, named_walls)):
+            for call, (result, wall) in enumerate(zip(results, walls), 1):
+                rows.setdefault(f"{label} call {call}", []).append(wall - result.seconds)
+        rows.setdefault("ratio", []).append(sum(chosen_walls) / sum(named_walls))
+    return {name: statistics.median(values) for name, values in rows.items()}
+
+
+class FirstCalls:
+    """A new small problem's first calls: what the plan costs before anything settles."""
+
+    params = (tuple(PROBLEMS),)
+    param_names = ("solver",)
+    timeout = 900
+
+    def setup_cache(self) -> str:
+        return SolveOverhead().setup_cache()
+
+    def setup(self, directory: str, solver: str) -> None:
+        SolveOverhead().setup(directory, solver)
+
+    def track_first_call_overhead_ms(self, directory: str, solver: str) -> float:
+        return 1e3 * first_calls(solver)["choosing call 1"]
+
+    track_first_call_overhead_ms.unit = "ms over the kernel"
+
+    def track_named_first_call_overhead_ms(self, directory: str, solver: str) -> float:
+        return 1e3 * first_calls(solver)["naming call 1"]
+
+    track_named_first_call_overhead_ms.unit = "ms over the kernel"
+
+    def track_three_calls_over_named(self, directory: str, solver: str) -> float:
+        return first_calls(solver)["ratio"]
+
+    track_three_calls_over_named.unit = "choosing / naming wall time"
+
+
 def _profile(solver: str, top: int = 25) -> None:
     """Print where steady-state calls of ``solver`` spend their time, by each function's own time."""
     import cProfile
@@ -148,6 +212,10 @@ def main() -> None:
         overhead, kernel = steady_overhead(solver)
         print(f"{solver:22s} overhead {overhead * 1e3:7.3f} ms  kernel {kernel * 1e3:8.3f} ms  "
               f"({overhead / kernel:.1%} of the solve)")
+        if "--first-calls" in sys.argv:
+            found = first_calls(solver)
+            print("    " + "; ".join(f"{name} {value * 1e6:.0f} us" for name, value in found.items() if name != "ratio")
+                  + f"; three calls choosing / naming {found['ratio']:.2f}x")
         if "--profile" in sys.argv:
             _phases(solver)
             _profile(solver)
