@@ -192,14 +192,14 @@ def check_spec(spec: object, plugin_name: str) -> SolverSpec:
     if isinstance(size, bool) or not isinstance(size, numbers.Real):
         raise PluginError(f"{where} size_axis {spec.size_axis!r} must be numeric, the default problem has "
                           f"{size!r}")
-    _check_features(spec, default, where)
+    features = _check_features(spec, default, where)
     if spec.space is not None:
         for quick in (True, False):
             _check_space(spec, spec.space(quick), fields, where)
     if spec.ladder is not None:
         for quick in (True, False):
             _check_ladder(spec, spec.ladder(quick), where)
-    if spec.span_feature is not None and spec.span_feature not in spec.features(default):
+    if spec.span_feature is not None and spec.span_feature not in features:
         raise PluginError(f"{where} span_feature {spec.span_feature!r} is not one of its features")
     if (spec.span_feature is None) != (spec.parallel_tasks is None):
         raise PluginError(f"{where} must declare parallel_tasks and span_feature together")
@@ -208,19 +208,19 @@ def check_spec(spec: object, plugin_name: str) -> SolverSpec:
         raise PluginError(f"{where} thread_items names {', '.join(unknown)}, which are not its implementations")
     if spec.thread_items and spec.span_feature is None:
         raise PluginError(f"{where} thread_items needs a span_feature, the work the threads share")
-    _check_implementation_features(spec, default, where)
+    _check_implementation_features(spec, features, where)
     return spec
 
 
-def _check_implementation_features(spec: SolverSpec, default: Any, where: str) -> None:
-    """Each implementation's own features: of implementations it has, new names, finite numbers >= 0."""
+def _check_implementation_features(spec: SolverSpec, base: Mapping[str, float], where: str) -> None:
+    """Each implementation's own features (from ``base``, the default problem's): of implementations it has, new
+    names, finite numbers >= 0."""
     unknown = sorted(set(spec.implementation_features) - set(spec.implementations))
     if unknown:
         raise PluginError(f"{where} implementation_features names {', '.join(unknown)}, "
                           "which are not its implementations")
-    base = dict(spec.features(default))
     for key, extra in spec.implementation_features.items():
-        added = dict(extra(base))  # guarded (guard_spec): a fault raises a PluginError naming it
+        added = dict(extra(dict(base)))  # guarded (guard_spec): a fault raises a PluginError naming it
         clash = sorted(set(added) & set(base))
         if clash:
             raise PluginError(f"{where} implementation_features[{key!r}] redefines {', '.join(clash)}, "
@@ -228,7 +228,8 @@ def _check_implementation_features(spec: SolverSpec, default: Any, where: str) -
         _check_feature_values(added, f"{where} implementation_features[{key!r}]:")
 
 
-def _check_features(spec: SolverSpec, problem: Any, where: str) -> None:
+def _check_features(spec: SolverSpec, problem: Any, where: str) -> Mapping[str, float]:
+    """The solver's features of ``problem``, checked."""
     try:
         features = spec.features(problem)
     except PluginError:
@@ -239,6 +240,7 @@ def _check_features(spec: SolverSpec, problem: Any, where: str) -> None:
         raise PluginError(f"{where} features() must return a non-empty mapping of name -> number, "
                           f"got {type(features).__name__}")
     _check_feature_values(features, where)
+    return features
 
 
 def _check_feature_values(features: Mapping[str, Any], where: str) -> None:

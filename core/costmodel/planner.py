@@ -157,6 +157,9 @@ _HELD: contextvars.ContextVar[tuple[Any, dict[str, float], tuple] | None] = cont
 @contextmanager
 def fields_held(problem: Any) -> Iterator[None]:
     """Within the block, :func:`numeric_fields` and :func:`numeric_key` of ``problem`` are read once."""
+    if _FIELDS_KEPT in getattr(problem, "__dict__", {}):  # a frozen problem keeps them on itself already
+        yield
+        return
     found = numeric_fields(problem)
     token = _HELD.set((problem, found, tuple(sorted(found.items()))))
     try:
