@@ -682,6 +682,25 @@ def test_the_informed_baseline_runs_the_best_in_the_state_of_each_loop_call():
     assert informed_walls(compiled, named, [1.0, 0.6, 0.6], "a", truth) == pytest.approx([4.1, 1.3, 0.8])
 
 
+def test_the_truth_compares_implementations_round_by_round():
+    """Regret is read from each round's back-to-back runs: a slow spell that slows a whole round cancels, and
+    one implementation's lucky round does not make its tied sibling slower."""
+    from core.costmodel.evaluate import EvaluationRow, paired_ratios
+
+    # tied within 2 % in every round, while the rounds themselves drift by 35 %; b's best round is a's
+    # best-round speed only by luck of timing (96 against 127 ms, as the VM's FP at N=200,000)
+    rounds = {"a": [127e-3, 134e-3, 170e-3], "b": [129e-3, 96e-3, 173e-3]}
+    ratios = paired_ratios(rounds)
+    assert ratios["a"] == pytest.approx(1.0) and ratios["b"] == pytest.approx(1.0157, rel=1e-3)
+    row = EvaluationRow(size=1.0, params={}, seconds={k: min(v) for k, v in rounds.items()}, chosen="a", best="a",
+                        regret=0.0, calls=["a", "b", "a"], ratios=ratios)
+    assert row.call_regrets == pytest.approx([0.0, 0.0157, 0.0], abs=1e-3)
+    assert dataclasses.replace(row, ratios={}, best="b").final_regret == pytest.approx(127 / 96 - 1)
+    # a real gap survives the pairing, whatever the rounds' drift
+    slower = paired_ratios({"a": [1.0, 2.0, 1.5], "b": [1.3, 2.6, 1.95]})
+    assert slower["b"] / slower["a"] == pytest.approx(1.3)
+
+
 # -- the Planner object ----------------------------------------------------------------------
 
 

@@ -11,9 +11,10 @@ calibration never measured, plus a few beyond the top of its size axis
    times (default 3), as a user's loop would. Each call's implementation,
    time and whether it explored are kept.
 2. **The truth.** Then every runnable implementation is timed warm on
-   every problem (the best of three rounds, each round across all the
-   problems, so one implementation's rounds on a problem lie seconds
-   apart: :func:`timed_rounds`).
+   every problem in three rounds, each round across all the problems, so
+   one implementation's rounds on a problem lie seconds apart
+   (:func:`timed_rounds`). Within a round a problem's implementations run
+   back to back, so they are compared round by round (:func:`paired_ratios`).
 
 Synthetic inputs are generated before the loop (:func:`hold_inputs`), as a
 user holds their data before the first call. It reports, per problem: each
@@ -54,7 +55,7 @@ from core.validation import check_int, check_seed
 class EvaluationRow:
     size: float
     params: dict[str, Any]
-    seconds: dict[str, float]  # each implementation's warm time
+    seconds: dict[str, float]  # each implementation's warm time (its best round)
     chosen: str  # the models' pick
     best: str
     regret: float  # the models' pick's regret
@@ -77,10 +78,20 @@ class EvaluationRow:
     # measures, a round's median, taken as typical rather than best (timed_rounds)
     typical_seconds: dict[str, float] = field(default_factory=dict)
 
+    # each implementation's time over the fastest's in the same round, median over the rounds (paired_ratios):
+    # what regrets are read from; empty in rows made before it, which read ``seconds``
+    ratios: dict[str, float] = field(default_factory=dict)
+    # each implementation's time in each round of the truth, in order
+    round_seconds: dict[str, list[float]] = field(default_factory=dict)
+
+    def regret_of(self, key: str) -> float:
+        """The regret of running ``key`` here: its time over the best implementation's, less 1."""
+        times = self.ratios or self.seconds
+        return times[key] / times[self.best] - 1 if key in times else math.nan
+
     @property
     def call_regrets(self) -> list[float]:
-        return [self.seconds[key] / self.seconds[self.best] - 1 if key in self.seconds else math.nan
-                for key in self.calls]
+        return [self.regret_of(key) for key in self.calls]
 
     @property
     def final(self) -> str:
@@ -214,15 +225,15 @@ def settle(spec: Any, keys: list[str], problem: Any) -> None:
 
 def timed_rounds(spec: Any, cases: list[tuple[Any, list[str]]], repeats: int,
                  rounds: int = ROUNDS) -> list[dict[str, list[float]]]:
-    """Each case's implementations' times in each of ``rounds`` rounds of :func:`measure`: the best round is
-    an implementation's speed.
+    """Each case's implementations' times in each of ``rounds`` rounds of :func:`measure`, compared round by
+    round (:func:`paired_ratios`).
 
     A round is a warm-up and the median of several runs (tens of ms). Round
     ``r`` of every case and implementation runs before round ``r + 1`` of
     any, so one implementation's rounds lie seconds apart: a slow spell of a
     shared machine (on the 2-core VM the same sub-millisecond run took 1.9x
-    longer for a few seconds at a time) slows at most some rounds of each,
-    and the best round is the implementation's speed. Alone, one round each
+    longer for a few seconds at a time) slows at most some rounds, and a
+    case's implementations run back to back within each. Alone, one round each
     made two implementations running the same code differ by up to 68 % on
     that VM. Each round's warm-up absorbs what the previous implementation
     left behind (spinning threads, a cold cache). A round's median is what
@@ -348,7 +359,7 @@ def fresh_twin(spec: Any, problem: Any, implementation: str, fields: list[str]) 
 
 
 def informed_walls(loop: list[Any], named: list[Any], named_walls: list[float], best: str,
-                   seconds: Mapping[str, float]) -> list[float]:
+                   relative: Mapping[str, float]) -> list[float]:
     """What each call naming the best costs from the loop's state: its own overhead, and the best's run then.
 
     The calls naming the best run after the truth, on a problem every
@@ -378,10 +389,10 @@ def informed_walls(loop: list[Any], named: list[Any], named_walls: list[float], 
         ran = result.backend
         if ran == best:
             state = result.seconds
-        elif result.diagnostics.get("first_call") or ran not in seconds:
+        elif result.diagnostics.get("first_call") or ran not in relative:
             state = call.seconds
         else:
-            state = result.seconds * seconds[best] / seconds[ran]
+            state = result.seconds * relative[best] / relative[ran]
         walls.append(wall - call.seconds + state)
     return walls
 
@@ -466,6 +477,22 @@ def evaluate(solver: str, quick: bool = True, repeats: int = 3, count: int = 12,
             shown.stop()
 
 
+def paired_ratios(rounds: Mapping[str, list[float]]) -> dict[str, float]:
+    """Each implementation's time over the fastest one's in the same round, the median over the rounds.
+
+    Within a round a problem's implementations run back to back
+    (:func:`timed_rounds`), so a slow spell of a shared machine slows them
+    together and cancels in the round's ratios, where it does not between
+    each one's own best or median round: on the 2-core VM the same numba
+    FP kernel (N=200,000) ran rounds of 96-129 ms, and its best round made
+    a variant that tied it by median 32 % slower; another problem's
+    median rounds put two tied common-noise implementations 38 % apart.
+    """
+    count = min(len(times) for times in rounds.values())
+    fastest = [min(times[r] for times in rounds.values()) for r in range(count)]
+    return {key: statistics.median(times[r] / fastest[r] for r in range(count)) for key, times in rounds.items()}
+
+
 def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, repeats: int, calls: int,
               fields: list[str], shown: Progress | None) -> Evaluation:
     """The loops first, every problem's; then the truth for all of them at once; then the calls naming the best.
@@ -494,15 +521,16 @@ def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, r
         cases.append((problem, runnable))
     for problem, (decision, results, walls), rounds in zip(problems, loops, timed_rounds(spec, cases, repeats)):
         seconds = {key: min(times) for key, times in rounds.items()}
-        best = min(seconds, key=seconds.get)
+        ratios = paired_ratios(rounds)
+        best = min(ratios, key=ratios.get)
         # the user who knew the answer: the same calls naming it from the same state, with no loop to run
         baseline = fresh_twin(spec, problem, best, fields)
         hold_inputs(baseline)  # again: a plugin may keep only its latest inputs (ml's synthetic data keeps two)
         _, named, named_walls = run_loop(spec, baseline, calls, backend=best, planning="estimate", primer=earlier)
-        best_walls = informed_walls(results, named, named_walls, best, seconds)
+        best_walls = informed_walls(results, named, named_walls, best, ratios)
         report.rows.append(EvaluationRow(
             size=float(getattr(problem, spec.size_axis)), params=_params(problem, fields), seconds=seconds,
-            chosen=decision.backend, best=best, regret=seconds[decision.backend] / seconds[best] - 1,
+            chosen=decision.backend, best=best, regret=ratios[decision.backend] / ratios[best] - 1,
             confident=decision.confident,
             predicted={key: (decision.predictions[key].seconds, decision.predictions[key].status) for key in seconds},
             predicted_error={key: decision.predictions[key].error for key in seconds},
@@ -510,7 +538,8 @@ def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, r
             explored=[bool(r.diagnostics.get("explored")) for r in results],
             steps=[str(r.diagnostics.get("step", "")) for r in results], best_call_seconds=best_walls,
             best_call_params=_params(baseline, fields),
-            typical_seconds={key: statistics.median(times) for key, times in rounds.items()}))
+            typical_seconds={key: statistics.median(times) for key, times in rounds.items()}, ratios=ratios,
+            round_seconds={key: list(times) for key, times in rounds.items()}))
         if shown is not None:
             shown.advance()
     return report
