@@ -32,6 +32,7 @@ from core.costmodel.race import (
     settled_step,
     settles,
     short_run_sample,
+    unconfirmed,
     worth_confirming,
 )
 from core.costmodel.warmup import tier_up, using, warming
@@ -305,6 +306,8 @@ def _worth_confirming(decision: Plan, race: Any, used: str) -> bool:
         return False
     if len(race.warm.get(used, [])) != 1:  # no lone warm run to confirm (a first call's is no warm run)
         return False
+    if not unconfirmed((model.seconds, model.error or 0.0), race.warm[used]):
+        return False  # a run within its model's band: nothing to confirm, and the others' bands are not built
     others = {key: band_of(p.seconds, p.error or 0.0, p.samples) for key, p in _contenders(decision).items()
               if key != used}
     # siblings in the conditions this run met: a sibling's bare model below a run slowed by the loop's

@@ -523,6 +523,33 @@ def test_a_loop_tiers_up_in_the_background(clean, monkeypatch):
     assert core.solve(problem).backend == "device"  # its one-off is paid: the loop moved
 
 
+def test_an_implementation_that_compiles_per_shape_is_not_warmed_while_its_keyless_siblings_are(clean, monkeypatch):
+    """A solver whose GPU variant declares per-shape keys (MFG's Triton kernels) still tiers up to its CPU
+    variant, whose key is (): a warm-up at the design's cheapest problem pays that one's one-off. The variant
+    with a key is never warmed on another shape."""
+    from core.costmodel import warmup
+
+    monkeypatch.delenv("CROSSOVER_TIER_UP", raising=False)
+    warmed = []
+
+    def device_run(problem):
+        warmed.append(problem)
+        return {"n": np.array(problem.n)}
+
+    keys = {"device": lambda p: (), "shaped": lambda p: (p.n,)}
+    specs = _install(*[_spec(f"synthetic.tier_{compiled}", {"serial": _sleeper(0.1), compiled: device_run},
+                             compile_key=lambda p, key: keys.get(key, lambda _: ())(p))
+                       for compiled in ("device", "shaped")])
+    for spec, compiled in zip(specs, ("device", "shaped")):
+        warmed.clear()
+        _calibrate(spec, "serial", lambda p: 0.1, GRID)
+        _calibrate(spec, compiled, lambda p: 0.01, GRID, one_off=50.0)
+        for _ in range(2):
+            assert core.solve(GridProblem(1_000, 10), solver=spec.name).backend == "serial"
+        warmup.wait()
+        assert len(warmed) == (1 if compiled == "device" else 0), compiled
+
+
 def test_tiering_up_can_be_turned_off(clean, monkeypatch):
     from core.costmodel import warmup
 

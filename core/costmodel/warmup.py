@@ -67,12 +67,22 @@ def worth_warming(spec: SolverSpec, decision: Plan) -> list[str]:
     for key, prediction in decision.predictions.items():
         if (key in decision.excluded or prediction.seconds is None or prediction.one_off_seconds <= 0
                 or prediction.status not in ("calibrated", "measured")
-                or backend_of(key) == backend_of(decision.backend) or spec.compile_key is not None):
+                or backend_of(key) == backend_of(decision.backend) or _compiles_per_shape(spec, key)):
             continue
         margin = (chosen.error or 0.0) + (prediction.error or 0.0)
         if prediction.seconds * (1 + margin) < chosen.seconds:
             found.append(key)
     return sorted(found, key=lambda k: decision.predictions[k].seconds)
+
+
+def _compiles_per_shape(spec: SolverSpec, implementation: str) -> bool:
+    """Whether the implementation compiles per shape (a key other than ``()`` where it would be warmed): a
+    warm-up at another shape would not pay this problem's one-off. A solver's other implementations (its CPU
+    ones, where only the GPU variants declare keys) are warmed as ever."""
+    if spec.compile_key is None:
+        return False
+    problem = _first_supported(spec, implementation)
+    return problem is None or spec.compile_key(problem, implementation) != ()
 
 
 def _first_supported(spec: SolverSpec, implementation: str) -> Any | None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from core.formatting import with_error
 from core.solver import SizeSpace, SolverSpec, lazy
-from plugins.mfg import work
+from plugins.mfg import triton_keys, work
 from plugins.mfg.fp.common import all_steps_unsupported
 from plugins.mfg.fp.torch_kernel import fused_unsupported
 from plugins.mfg.hjb.torch_kernel import fused_unsupported as hjb_fused_unsupported
@@ -96,6 +96,7 @@ FP_PARTICLE = SolverSpec(
         "torch:eager": lazy("plugins.mfg.fp.torch_kernel", "solve_torch", fused=False),
     },
     features=work.fp_features,
+    compile_key=triton_keys.fp_compile_key,  # Triton compiles the all-steps kernel per key (triton_keys)
     size_axis="N",
     space=fp_space,
     supports=fp_supports,
@@ -144,6 +145,7 @@ HJB_FDM = SolverSpec(
     },
     features=work.hjb_features,
     work_done=work.hjb_work_done,
+    compile_key=triton_keys.hjb_compile_key,
     size_axis="Nx",
     space=hjb_space,
     supports=hjb_supports,
@@ -191,6 +193,7 @@ FIXED_POINT = SolverSpec(
     },
     features=work.fixed_point_features,
     work_done=work.fixed_point_work_done,
+    compile_key=triton_keys.coupled_compile_key,
     size_axis="N",
     space=fixed_point_space,
     supports=hjb_supports,
@@ -254,6 +257,7 @@ COMMON_NOISE = SolverSpec(
     span_feature="path_particle_steps",
     features=work.common_noise_features,
     work_done=work.common_noise_work_done,
+    compile_key=triton_keys.coupled_compile_key,
     size_axis="K",
     space=common_noise_space,
     supports=common_noise_supports,

@@ -12,6 +12,18 @@ SLOTS = 128  # private histogram copies per time step on the GPU: spreads the at
 # particles per Triton program: at N = 1e7, Nx = 101, Nt = 100 on an H200, 512 ran the kernel 11 % faster
 # than 1024 and 1.5x as fast as 2048 (8 warps), docs/results/gpu-2026-11-27-fp
 BLOCK = 512
+MAX_HISTOGRAM_BINS = 1024
+
+
+def histogram_bins(nx: int) -> int:
+    """Bins of a block's shared-memory count histogram (a power of two above Nx), or 0 past MAX_HISTOGRAM_BINS.
+
+    The histogram is a register tensor of that many bins in each program, so
+    past the declared grids (Nx <= 801) the kernel counts with a global add
+    per particle instead.
+    """
+    bins = 1 << int(nx).bit_length()  # the smallest power of two >= nx + 1
+    return bins if bins <= MAX_HISTOGRAM_BINS else 0
 
 
 def chunk_size(n: int) -> int:

@@ -32,9 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from plugins.mfg.fp.layout import BLOCK, SLOTS
-
-MAX_HISTOGRAM_BINS = 1024
+from plugins.mfg.fp.layout import BLOCK, SLOTS, histogram_bins
 
 
 @triton.jit
@@ -124,7 +122,9 @@ def _deposit(x, counts, moment, mask, nx, xmin64, inverse_dx64, inverse_length64
     tl.atomic_add(moment + 1, tl.sum(second, axis=0), sem="relaxed")
 
 
-@triton.jit
+# the seed is not specialised: Triton compiles an integer argument again when it turns 1 or a multiple of 16,
+# and a new seed (each common-noise path has its own) then cost a process 0.75 s on the H200 host
+@triton.jit(do_not_specialize=["seed"])
 def _fp_all_steps(pos_ptr, drift_ptr, hist_ptr, mom_ptr, frame_ptr, n_particles, nx, nt, slots, xmin, inverse_dx,
                   length, dt, noise, seed, scale, PERIODIC: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                   BINS: tl.constexpr):
@@ -155,17 +155,6 @@ def _fp_all_steps(pos_ptr, drift_ptr, hist_ptr, mom_ptr, frame_ptr, n_particles,
                 _deposit(x, hist_ptr + (n * slots + slot) * 2 * nx, mom_ptr + (n * slots + slot) * 2, mask, nx,
                          xmin64, inverse_dx64, inverse_length64, scale, PERIODIC, BINS)
     tl.store(pos_ptr + offsets, x, mask=mask)
-
-
-def histogram_bins(nx: int) -> int:
-    """Bins of a block's shared-memory count histogram (a power of two above Nx), or 0 past MAX_HISTOGRAM_BINS.
-
-    The histogram is a register tensor of that many bins in each program, so
-    past the declared grids (Nx <= 801) the kernel counts with a global add
-    per particle instead.
-    """
-    bins = triton.next_power_of_2(nx + 1)
-    return bins if bins <= MAX_HISTOGRAM_BINS else 0
 
 
 def run_fused_counts(problem, positions, drift, seed: int):
