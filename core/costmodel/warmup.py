@@ -67,10 +67,10 @@ def worth_warming(spec: SolverSpec, decision: Plan) -> list[str]:
     for key, prediction in decision.predictions.items():
         if (key in decision.excluded or prediction.seconds is None or prediction.one_off_seconds <= 0
                 or prediction.status not in ("calibrated", "measured")
-                or backend_of(key) == backend_of(decision.backend) or _compiles_per_shape(spec, key)):
+                or backend_of(key) == backend_of(decision.backend)):
             continue
         margin = (chosen.error or 0.0) + (prediction.error or 0.0)
-        if prediction.seconds * (1 + margin) < chosen.seconds:
+        if prediction.seconds * (1 + margin) < chosen.seconds and not _compiles_per_shape(spec, key):
             found.append(key)
     return sorted(found, key=lambda k: decision.predictions[k].seconds)
 
@@ -86,10 +86,24 @@ def _compiles_per_shape(spec: SolverSpec, implementation: str) -> bool:
 
 
 def _first_supported(spec: SolverSpec, implementation: str) -> Any | None:
-    for problem in calibration_design(spec, quick=True):
-        if not exclusion(spec, problem, implementation):
-            return problem
-    return None
+    """The quick design's first problem the implementation can run here, found once per spec and process.
+
+    Building common noise's design took 55 ms a time on the VM (0.9 s the
+    first), and a plan that weighs warm-ups asks for it per candidate; the
+    one H200 loop call that moved to a candidate on call 3 spent 185 ms
+    outside its 7.8 ms kernel (docs/results/gpu-2026-11-28f/m-).
+    """
+    kept = _designs.get(id(spec))
+    if kept is None or kept[0] is not spec:  # keyed by the spec object, which the entry keeps alive
+        kept = _designs[id(spec)] = (spec, calibration_design(spec, quick=True), {})
+    found = kept[2]
+    if implementation not in found:
+        found[implementation] = next((p for p in kept[1] if not exclusion(spec, p, implementation)), None)
+    return found[implementation]
+
+
+# each registered spec's quick design and each implementation's first problem in it, built once a process
+_designs: dict[int, tuple[SolverSpec, list, dict[str, Any]]] = {}
 
 
 def _warm(spec: SolverSpec, implementation: str, problem: Any) -> None:
