@@ -864,6 +864,28 @@ def test_a_lone_run_above_its_band_is_confirmed_in_the_same_call_when_it_decides
     assert used == ["device", "device", "serial"] and len(runs) == 3
 
 
+def test_a_lone_slow_run_is_not_run_again_where_confirming_it_would_not_move_the_lead(clean):
+    """device's model says 10 ms and its runs take 20 (above the model's band); serial's model says about 18 ms,
+    below that run, to within about 25 %. Confirmed, device's estimate would still lie inside serial's band, so
+    the next call would run device anyway: its run there is the confirmation, and no call runs it twice (the
+    rule that confirmed whenever another estimate lay below the run ran device four times in three calls)."""
+    runs: list = []
+    (spec,) = _install(_spec("synthetic.no_confirm", {"device": _timed(lambda k: 0.02, runs),
+                                                      "serial": _sleeper(0.03)}))
+    scatter = lambda p: 1.25 if (p.n // 10 + p.m) % 2 else 0.8  # noqa: E731
+    _calibrate(spec, "device", lambda p: 1.0e-2, GRID)
+    _calibrate(spec, "serial", lambda p: 1.8e-2 * scatter(p), GRID)
+    problem = GridProblem(2_000, 9)
+    results = [core.solve(problem, solver=spec.name, expected_calls=math.inf) for _ in range(3)]
+    assert [r.backend for r in results] == ["device"] * 3 and len(runs) == 3, [r.diagnostics["step"] for r in results]
+    # the rule itself: serial's band reaches above device's confirmed estimate, and lies nowhere wholly below it;
+    # a serial modelled to within 2 % would take the lead, and so would one whose whole band lies below it
+    confirmed = race_rule.estimate((1.0e-2, 0.02), [0.02, 0.02])
+    assert not race_rule.takes_the_lead(race_rule.band_of(1.8e-2, 0.25, 0), confirmed)
+    assert race_rule.takes_the_lead(race_rule.band_of(1.8e-2, 0.02, 0), confirmed)
+    assert race_rule.takes_the_lead(race_rule.band_of(1.0e-2, 0.25, 0), confirmed)
+
+
 def test_a_confirmed_fast_leader_keeps_the_lead_after_one_slow_run(clean):
     # device's first warm run (say a CUDA graph's first replay) takes 8x; the run that confirms it does not
     # (margins wide enough for sleeps that overshoot on a busy machine)

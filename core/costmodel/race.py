@@ -338,10 +338,27 @@ def worth_confirming(model: tuple[float, float] | None, samples: list[float],
     torch ran 65 ms against its model's 36 ms, and the loop kept it for its
     third call (27 % regret). Confirmed in the call that met it, the next
     call runs the best estimate. It costs one run, as the next call would
-    have, and only where the run decides something: another contender's
-    estimate lies below it.
+    have, and only where the run decides something: were the next run to
+    agree, another contender would take the next call (:func:`takes_the_lead`).
+    Where none would, the next call runs the leader again anyway, and its
+    run is the confirmation. Asked only whether another estimate lay below
+    the run, the VM's random-walk loops ran numba a fourth time in three
+    calls (2.06 ms against a 1.25 ms model, numpy's model at 1.68 ms, its
+    band above the confirmed estimate) and took 1.39x the calls naming it.
     """
-    return unconfirmed(model, samples) and any(band.centre < samples[0] for band in others.values())
+    if not unconfirmed(model, samples):
+        return False
+    confirmed = estimate(model, [samples[0], samples[0]])  # the leader's estimate, were the next run to agree
+    return any(takes_the_lead(band, confirmed) for band in others.values())
+
+
+def takes_the_lead(band: Band, leader: Band) -> bool:
+    """Whether a contender estimated at ``band`` takes the next call from a leader estimated at ``leader``
+    (:func:`next_step`): one with runs of its own by a lower estimate; one known only by its model when the
+    leader lies above its whole band (rule 3), or lies wholly above it, its model in doubt (a challenge)."""
+    if band.samples:
+        return band.centre < leader.centre
+    return band.high < leader.centre or band.centre < leader.low
 
 
 def estimate(model: tuple[float, float] | None, samples: list[float]) -> Band:
