@@ -430,12 +430,15 @@ def test_the_triton_kernels_compile_once_per_compile_key():
 
     fp_keys, hjb_keys = set(), set()
     fp_before, hjb_before = _compiled_variants(_fp_all_steps), _compiled_variants(_hjb_sweep)
+    def fp_counts(problem, seed):
+        positions = torch.rand((problem.K, problem.N), dtype=torch.float64, device="cuda") * problem.length
+        grid = torch.zeros((problem.K, problem.Nt + 1, problem.Nx), dtype=torch.float64, device="cuda")
+        run_fused_counts(problem, positions, grid, seed=seed)
+        return grid
+
     for change, _ in PROBED:
         problem = _probed(change)
-        positions = torch.rand((problem.K, problem.N), dtype=torch.float64, device="cuda") * problem.length
-        drift = torch.zeros((problem.K, problem.Nt + 1, problem.Nx), dtype=torch.float64, device="cuda")
-        run_fused_counts(problem, positions, drift, seed=problem.seed or 0)
-        source = torch.zeros((problem.K, problem.Nt + 1, problem.Nx), dtype=torch.float64, device="cuda")
+        source = fp_counts(problem, problem.seed or 0)  # zeros still: a drift for the FP, a source for the HJB
         sweep_fused(HJBProblem(**problem.model_fields()), source)  # as common noise's HJB step builds it
         torch.cuda.synchronize()
         fp_keys.add(triton_keys.fp_key(problem))
@@ -443,8 +446,5 @@ def test_the_triton_kernels_compile_once_per_compile_key():
         assert _compiled_variants(_fp_all_steps) - fp_before <= len(fp_keys), change
         assert _compiled_variants(_hjb_sweep) - hjb_before <= len(hjb_keys), change
     for seed in (1, 16, 17, 32, 2**20 + 1):  # seeds of every specialisation Triton would have told apart
-        problem = _probed({"seed": seed})
-        positions = torch.rand((problem.K, problem.N), dtype=torch.float64, device="cuda") * problem.length
-        drift = torch.zeros((problem.K, problem.Nt + 1, problem.Nx), dtype=torch.float64, device="cuda")
-        run_fused_counts(problem, positions, drift, seed=seed)
+        fp_counts(_probed({"seed": seed}), seed)
         assert _compiled_variants(_fp_all_steps) - fp_before <= len(fp_keys), seed
