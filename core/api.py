@@ -225,7 +225,11 @@ def _next(spec: SolverSpec, decision: Plan, race: Any, expected_calls: float | N
           estimated: dict[str, Any]) -> Step:
     # an unset count expects this problem to run as often again as it has so far (at least once more)
     calls_left = expected_calls - race.calls if expected_calls is not None else race.calls + 1
-    # a trial's replans are priced from call 2 on: a first call never tries (race.next_step)
+    if not race.calls and not any(race.warm.values()):
+        # a first call runs the plan's pick (race.next_step: it never tries, and nothing has run warm to miss its
+        # model), so what trials would owe, replan or have missed is not asked: a new problem's first call
+        # pays its whole plan, and these were 4 us of it on the VM
+        return next_step(estimated, race, decision.backend, calls_left)
     replanning = current().replanning_seconds(spec) if race.calls else 0.0
     return next_step(estimated, race, decision.backend, calls_left, _owed(decision), replanning,
                      _missed(decision, race))
@@ -258,6 +262,8 @@ def _estimated(decision: Plan, race: Any = None) -> dict[str, Any]:
 
 
 def _in_conditions(bands: dict[str, Any], decision: Plan, race: Any) -> dict[str, Any]:
+    if race.leader is None:  # no call has run a leader here yet: no conditions to scale by (a new problem's plan)
+        return dict(bands)
     models = {key: p.model_seconds for key, p in decision.predictions.items()}
     return in_the_loops_conditions(bands, models, race, backend_of)
 

@@ -169,6 +169,18 @@ def cuda_pretended(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
 
 
+def test_the_cuda_check_is_asked_once_per_answering_function(monkeypatch):
+    """Plans ask each CUDA-only variant's ``supports``: the driver is asked once, and a patched check anew."""
+    torch = pytest.importorskip("torch")
+    from core.backends.torch_gpu import cuda_available
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: asked.append(1) or True)
+    assert cuda_available() and cuda_available() and len(asked) == 1
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not cuda_available()
+
+
 def test_values_beyond_float32_exclude_every_torch_variant_with_the_reason(cuda_pretended):
     from core.running import exclusion
 

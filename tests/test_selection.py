@@ -303,6 +303,21 @@ def test_a_shape_s_one_off_follows_the_size_where_the_stored_shapes_show_it_grow
     assert shape_one_off_line([[0.01, 1e-3], [0.02, 1.5e-3], [0.03, 2e-3]]) is None  # runs within 4x
 
 
+def test_a_shape_line_is_fitted_once_for_equal_pairs_in_any_list(monkeypatch):
+    """evaluate's planners each deep-copy the calibration: the same pairs in a new list reuse the line."""
+    import copy
+    import statistics
+
+    from core.costmodel.planner import shape_one_off_line
+
+    pairs = [[0.003 + 2.0 * run, run] for run in (2e-4, 7e-4, 3e-3, 9e-3)]
+    line = shape_one_off_line(pairs)
+    monkeypatch.setattr(statistics, "median", lambda values: pytest.fail("the line was fitted again"))
+    assert shape_one_off_line(copy.deepcopy(pairs)) == line
+    monkeypatch.undo()
+    assert shape_one_off_line([*pairs, [0.5, 2e-2]]) != line  # other pairs: fitted anew
+
+
 def test_a_new_shape_owes_what_its_size_predicts_and_a_near_tie_goes_to_the_smaller_bet(clean):
     """Two equally simple variants that the models cannot tell apart: one whose first call at a new shape
     redoes the size's work (torch.compile's linreg epoch on the H200 host: 18 ms at 2M samples, 53 at 7.7M),

@@ -74,6 +74,25 @@ def _probe() -> Availability:
     return Availability(False, f"torch {torch.__version__} ({build}) sees no CUDA or MPS device")
 
 
+_CUDA_ANSWERS: dict[Any, bool] = {}  # by the torch.cuda.is_available function that gave each
+
+
+def cuda_available() -> bool:
+    """``torch.cuda.is_available()``, asked once a process (torch imported on the first ask).
+
+    A plugin asks it in ``supports`` for each CUDA-only variant, so every
+    new problem's plan asked it per variant: each ask reads an environment
+    variable and the driver's device count, 10-15 us on the H200 host, 0.1
+    ms of a small linreg problem's first plan. Kept by the function that
+    answered: a test that patches ``torch.cuda.is_available`` is asked anew.
+    """
+    ask = _torch().cuda.is_available
+    found = _CUDA_ANSWERS.get(ask)
+    if found is None:
+        found = _CUDA_ANSWERS[ask] = bool(ask())
+    return found
+
+
 def device():
     """The torch device to run on; raises if there is no GPU (never falls back to CPU)."""
     availability = _probe()

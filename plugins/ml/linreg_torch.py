@@ -237,9 +237,9 @@ def unsupported(problem: LinRegProblem, implementation: str) -> str:
     """Why a torch variant cannot run here: float64 needs CUDA (MPS has none), and so do CUDA graphs."""
     import importlib.util
 
-    import torch
+    from core.backends.torch_gpu import cuda_available
 
-    if not torch.cuda.is_available():
+    if not cuda_available():
         return "float64 accumulation and CUDA graphs need a CUDA device"
     return unsupported_problem(problem, implementation) or (
         "the graph variant's epoch is a Triton kernel, and triton is not installed"

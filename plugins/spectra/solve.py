@@ -128,9 +128,9 @@ def fused_unsupported(problem: SpectraProblem | None = None) -> str:
 
     if importlib.util.find_spec("triton") is None:
         return "Triton is not installed"
-    import torch
+    from core.backends.torch_gpu import cuda_available
 
-    if not torch.cuda.is_available():
+    if not cuda_available():
         return "the Triton spectrum kernels need a CUDA device"
     return ""
 

@@ -31,6 +31,7 @@ import math
 
 import numpy as np
 
+from core.backends.torch_gpu import cuda_available
 from core.backends.torch_gpu import device as gpu_device
 from plugins.mfg import kde
 from plugins.mfg.fp.common import all_steps_unsupported, cells, drift_table
@@ -135,7 +136,7 @@ def fused_unsupported(problem) -> str:
         return reason
     if importlib.util.find_spec("triton") is None:
         return "Triton is not installed"
-    if not _torch().cuda.is_available():
+    if not cuda_available():
         return "the Triton kernel needs a CUDA device"
     return ""
 

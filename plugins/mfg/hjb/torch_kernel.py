@@ -27,6 +27,7 @@ import importlib.util
 
 import numpy as np
 
+from core.backends.torch_gpu import cuda_available
 from core.backends.torch_gpu import device as gpu_device
 from core.errors import BackendUnavailableError
 from core.validation import check_array, fail
@@ -123,9 +124,7 @@ def fused_unsupported(problem: HJBProblem) -> str:
         return reason
     if importlib.util.find_spec("triton") is None:
         return "Triton is not installed"
-    import torch
-
-    if not torch.cuda.is_available():
+    if not cuda_available():
         return "the Triton HJB kernel needs a CUDA device"
     return ""
 
