@@ -85,6 +85,8 @@ def cuda_available() -> bool:
     variable and the driver's device count, 10-15 us on the H200 host, 0.1
     ms of a small linreg problem's first plan. Kept by the function that
     answered: a test that patches ``torch.cuda.is_available`` is asked anew.
+    ``core.running.forget_probes`` does not reset it (the core names no
+    backend): a GPU that appears in a running process needs a new process.
     """
     ask = _torch().cuda.is_available
     found = _CUDA_ANSWERS.get(ask)
