@@ -81,7 +81,8 @@ def cuda_available() -> bool:
     """``torch.cuda.is_available()``, asked once a process (torch imported on the first ask).
 
     A plugin asks it in ``supports`` for each CUDA-only variant, so every
-    new problem's plan asked it per variant: each ask reads an environment
+    new problem's plan asked it per variant (and :func:`device` and
+    :func:`synchronize`, around every run): each ask reads an environment
     variable and the driver's device count, 10-15 us on the H200 host, 0.1
     ms of a small linreg problem's first plan. Kept by the function that
     answered: a test that patches ``torch.cuda.is_available`` is asked anew.
@@ -101,13 +102,13 @@ def device():
     if not availability.available:
         raise BackendUnavailableError(f"backend 'torch' is unavailable: {availability.reason}")
     torch = _torch()
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("mps")
+    return torch.device("cuda") if cuda_available() else torch.device("mps")
 
 
 def synchronize() -> None:
     """Wait for queued GPU work, so that timings include it."""
     torch = _torch()
-    if torch.cuda.is_available():
+    if cuda_available():
         torch.cuda.synchronize()
     elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         torch.mps.synchronize()
