@@ -701,7 +701,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     for row in report.rows:
         problem = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.params.items())
         table.add_row(escape(problem), *[f"{row.seconds[b]:.4g}" if b in row.seconds else "-" for b in backends],
-                      row.best, " > ".join(row.calls), f"{row.final_regret:.1%}", f"{row.loop_ratio:.2f}x",
+                      row.best, " > ".join(row.calls), f"{row.final_regret:.1%}", _loop_cell(row),
                       row.chosen, f"{row.regret:.1%}", f"{row.measured_over_predicted:.2f}")
     worst = [f"worst: {row.final_regret:.1%} at {row.params}: core.solve ran {row.final} on call {report.calls}, "
              f"{row.best} was fastest ({_predicted_against_measured(row, row.final)}; "
@@ -715,6 +715,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
           f"the models' pick alone: median regret {report.median_regret:.1%}, maximum {report.max_regret:.1%}; "
           f"measured / predicted within [0.5, 2] on {report.predictions_within_2x:.0%} of the problems")
     return 0
+
+
+def _loop_cell(row: Any) -> str:
+    """The loop's ratio, and where the pair ran more than once, how many runs its median is of and the first's."""
+    if len(row.loop_ratios) < 2:
+        return f"{row.loop_ratio:.2f}x"
+    return f"{row.loop_ratio:.2f}x (median of {len(row.loop_ratios)}; first {row.first_loop_ratio:.2f}x)"
 
 
 # -- parser ---------------------------------------------------------------------

@@ -644,6 +644,8 @@ def test_evaluate_catches_a_loop_that_keeps_the_cold_sample(clean, monkeypatch):
         assert row.best_call_params["n"] == row.params["n"] - 1 and row.best_call_params["m"] == row.params["m"]
         assert row.best_call_seconds[0] > 0.15, row.best_call_seconds
     assert sound.max_loop_ratio < 1.5, [row.loop_ratio for row in sound.rows]
+    # each loop paid the device's compile for its shape: run again, it would meet that shape compiled
+    assert all(len(row.loop_ratios) == 1 and not row.repeat_calls for row in sound.rows)
 
     # plant the fault the issue saw: every run counts as a warm sample and a lone run is trusted as it
     # is, so the cold 10x first call is kept as device's estimate
@@ -662,6 +664,34 @@ def test_evaluate_catches_a_loop_that_keeps_the_cold_sample(clean, monkeypatch):
     broken = evaluate(spec.name, count=3, repeats=3, seed=7, calls=4)
     assert broken.max_final_regret > 0.3, [row.calls for row in broken.rows]
     assert broken.max_loop_ratio > 1.3, [row.loop_ratio for row in broken.rows]
+
+
+def test_a_short_loop_is_judged_by_the_median_of_its_runs_and_a_slow_first_call_still_shows(clean, monkeypatch):
+    """A loop of short calls with no one-off at stake runs again with its calls naming the best, each on a fresh
+    planner, and its ratio is the median of the runs: one preempted call cannot decide it. A first call that
+    plans slowly on every new problem is slow on every run, and the median keeps it."""
+    import core.api
+
+    (spec,) = _install(_spec("synthetic.repeated", {"serial": _sleeper(1e-3), "pool": _sleeper(3e-3)}))
+    _calibrate(spec, "serial", lambda p: 1e-3, GRID)
+    _calibrate(spec, "pool", lambda p: 3e-3, GRID)
+    sound = evaluate(spec.name, count=3, repeats=1, calls=3)
+    for row in sound.rows:
+        assert len(row.loop_ratios) == len(row.repeat_calls) + 1 >= 3, row.loop_ratios
+        assert row.first_loop_ratio == row.loop_ratios[0]
+        assert row.loop_ratio == statistics.median(row.loop_ratios)
+        assert all(ran == ["serial"] * 3 for ran in row.repeat_calls)
+    assert sound.max_loop_ratio < 1.5, [row.loop_ratios for row in sound.rows]
+
+    planned = core.api.plan_problem
+
+    def slow_to_plan(*args, **kwargs):  # a new problem's plan costs three of its calls
+        time.sleep(3e-3)
+        return planned(*args, **kwargs)
+
+    monkeypatch.setattr(core.api, "plan_problem", slow_to_plan)
+    slow = evaluate(spec.name, count=3, repeats=1, calls=3, seed=11)
+    assert min(row.loop_ratio for row in slow.rows) > 1.5, [row.loop_ratios for row in slow.rows]
 
 
 def test_the_informed_baseline_runs_the_best_in_the_state_of_each_loop_call():

@@ -83,6 +83,10 @@ class EvaluationRow:
     ratios: dict[str, float] = field(default_factory=dict)
     # each implementation's time in each round of the truth, in order
     round_seconds: dict[str, list[float]] = field(default_factory=dict)
+    # the loop's total over the informed calls' on each run of the pair, the first one's first (repeat_pairs);
+    # empty in rows made before it, which read ``call_seconds`` and ``best_call_seconds``
+    loop_ratios: list[float] = field(default_factory=list)
+    repeat_calls: list[list[str]] = field(default_factory=list)  # what each repeated loop ran, call after call
 
     def regret_of(self, key: str) -> float:
         """The regret of running ``key`` here: its time over the best implementation's, less 1."""
@@ -103,7 +107,8 @@ class EvaluationRow:
 
     @property
     def loop_ratio(self) -> float:
-        """The loop's total wall time over that of as many ``core.solve`` calls naming the best implementation.
+        """The loop's total wall time over that of as many ``core.solve`` calls naming the best implementation:
+        the median over the pair's runs where it was run again (:func:`repeat_pairs`), else its one run.
 
         Both sides pay core.solve's own steady-state overhead (bounded on
         its own by ``asv_benchmarks/bench_solve_overhead.py``) and the
@@ -111,6 +116,11 @@ class EvaluationRow:
         left is what the loop's choices cost: planning, cold runs of the
         wrong implementation, trials, repeats of short runs.
         """
+        return statistics.median(self.loop_ratios) if self.loop_ratios else self.first_loop_ratio
+
+    @property
+    def first_loop_ratio(self) -> float:
+        """The first run of the pair alone: the loop that met the problem before anything here had run it."""
         return sum(self.call_seconds) / sum(self.best_call_seconds)
 
     @property
@@ -132,7 +142,8 @@ class EvaluationRow:
 
     def to_dict(self) -> dict[str, Any]:
         return {**vars(self), "call_regrets": self.call_regrets, "final": self.final,
-                "final_regret": self.final_regret, "loop_ratio": self.loop_ratio, "kernel_ratio": self.kernel_ratio,
+                "final_regret": self.final_regret, "loop_ratio": self.loop_ratio,
+                "first_loop_ratio": self.first_loop_ratio, "kernel_ratio": self.kernel_ratio,
                 "measured_over_predicted": self.measured_over_predicted}
 
 
@@ -426,6 +437,51 @@ def run_loop(spec: Any, problem: Any, calls: int, backend: str = "auto", plannin
     return results[0].plan, results, walls
 
 
+LOOP_REPEATS = 9  # runs of a short loop and its informed calls, the first included (repeat_pairs)
+REPEAT_SECONDS = 0.5  # a problem's repeated pairs stop before their runs add up to this
+
+
+def repeatable(decision: Any, results: list[Any]) -> bool:
+    """Whether a loop run again on a fresh planner meets the state its first run met: its plan weighed no unpaid
+    one-off, and no call of the loop or of the calls naming the best paid one.
+
+    A fresh planner holds the calibration and this process's paid one-offs,
+    so only a one-off paid since (a compile for the problem's shape, in the
+    loop or the truth) could change what the loop does again; where none
+    was at stake, each run is the same loop on a problem its planner has
+    never seen.
+    """
+    return (not any(p.one_off_seconds for p in decision.predictions.values())
+            and not any(r.diagnostics.get("first_call") for r in results))
+
+
+def repeat_pairs(spec: Any, problem: Any, baseline: Any, best: str, relative: Mapping[str, float], calls: int,
+                 primer: Any, first_seconds: float) -> list[tuple[float, list[str]]]:
+    """The loop and the calls naming the best run again, alternately, each on a fresh planner: each run's ratio
+    (:func:`informed_walls`) and what its loop ran; up to :data:`LOOP_REPEATS` runs in all, within
+    :data:`REPEAT_SECONDS`.
+
+    One run of a loop of three sub-millisecond calls cannot judge a bar of
+    1.3x: on the VM the same HJB problem's loop, run five times with its
+    calls naming the best after each, scored 0.87-1.55x (median 1.25x;
+    ``docs/results/vm-2026-11-28g/e-``), a preempted call or a timer tick
+    being a fifth of such a total. The median of the runs is the ratio
+    (:attr:`EvaluationRow.loop_ratio`), as the truth takes a round's median;
+    the first run stays in the row as it was measured (``first_loop_ratio``).
+    Only loops whose runs meet the same state are repeated (:func:`repeatable`),
+    and only short ones: a long run's noise is a small part of it.
+    """
+    found: list[tuple[float, list[str]]] = []
+    spent = first_seconds
+    while len(found) + 1 < LOOP_REPEATS and spent + first_seconds <= REPEAT_SECONDS:
+        _, results, walls = run_loop(spec, problem, calls, primer=primer)
+        _, named, named_walls = run_loop(spec, baseline, calls, backend=best, planning="estimate", primer=primer)
+        found.append((sum(walls) / sum(informed_walls(results, named, named_walls, best, relative)),
+                      [r.backend for r in results]))
+        spent += sum(walls) + sum(named_walls)
+    return found
+
+
 @contextlib.contextmanager
 def _without_collections() -> Iterator[None]:
     """The garbage collector kept off while the calls run, as :mod:`timeit` times.
@@ -528,6 +584,9 @@ def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, r
         hold_inputs(baseline)  # again: a plugin may keep only its latest inputs (ml's synthetic data keeps two)
         _, named, named_walls = run_loop(spec, baseline, calls, backend=best, planning="estimate", primer=earlier)
         best_walls = informed_walls(results, named, named_walls, best, ratios)
+        first = (sum(walls) / sum(best_walls), sum(walls) + sum(named_walls))
+        again = repeat_pairs(spec, problem, baseline, best, ratios, calls, earlier, first[1]) \
+            if repeatable(decision, results + named) else []
         report.rows.append(EvaluationRow(
             size=float(getattr(problem, spec.size_axis)), params=_params(problem, fields), seconds=seconds,
             chosen=decision.backend, best=best, regret=ratios[decision.backend] / ratios[best] - 1,
@@ -539,7 +598,8 @@ def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, r
             steps=[str(r.diagnostics.get("step", "")) for r in results], best_call_seconds=best_walls,
             best_call_params=_params(baseline, fields),
             typical_seconds={key: statistics.median(times) for key, times in rounds.items()}, ratios=ratios,
-            round_seconds={key: list(times) for key, times in rounds.items()}))
+            round_seconds={key: list(times) for key, times in rounds.items()},
+            loop_ratios=[first[0]] + [ratio for ratio, _ in again], repeat_calls=[ran for _, ran in again]))
         if shown is not None:
             shown.advance()
     return report
