@@ -87,6 +87,9 @@ class EvaluationRow:
     # empty in rows made before it, which read ``call_seconds`` and ``best_call_seconds``
     loop_ratios: list[float] = field(default_factory=list)
     repeat_calls: list[list[str]] = field(default_factory=list)  # what each repeated loop ran, call after call
+    # each repeated loop's calls: wall times, and each one's Result.seconds (as call_seconds, call_kernel_seconds)
+    repeat_call_seconds: list[list[float]] = field(default_factory=list)
+    repeat_kernel_seconds: list[list[float]] = field(default_factory=list)
 
     def regret_of(self, key: str) -> float:
         """The regret of running ``key`` here: its time over the best implementation's, less 1."""
@@ -456,9 +459,9 @@ def repeatable(decision: Any, results: list[Any]) -> bool:
 
 
 def repeat_pairs(spec: Any, problem: Any, baseline: Any, best: str, relative: Mapping[str, float], calls: int,
-                 primer: Any, first_seconds: float) -> list[tuple[float, list[str]]]:
+                 primer: Any, first_seconds: float) -> list[tuple[float, list[Any], list[float]]]:
     """The loop and the calls naming the best run again, alternately, each on a fresh planner: each run's ratio
-    (:func:`informed_walls`) and what its loop ran; up to :data:`LOOP_REPEATS` runs in all, within
+    (:func:`informed_walls`), its loop's Results and their wall times; up to :data:`LOOP_REPEATS` runs in all, within
     :data:`REPEAT_SECONDS`.
 
     One run of a loop of three sub-millisecond calls cannot judge a bar of
@@ -471,13 +474,12 @@ def repeat_pairs(spec: Any, problem: Any, baseline: Any, best: str, relative: Ma
     Only loops whose runs meet the same state are repeated (:func:`repeatable`),
     and only short ones: a long run's noise is a small part of it.
     """
-    found: list[tuple[float, list[str]]] = []
+    found: list[tuple[float, list[Any], list[float]]] = []
     spent = first_seconds
     while len(found) + 1 < LOOP_REPEATS and spent + first_seconds <= REPEAT_SECONDS:
         _, results, walls = run_loop(spec, problem, calls, primer=primer)
         _, named, named_walls = run_loop(spec, baseline, calls, backend=best, planning="estimate", primer=primer)
-        found.append((sum(walls) / sum(informed_walls(results, named, named_walls, best, relative)),
-                      [r.backend for r in results]))
+        found.append((sum(walls) / sum(informed_walls(results, named, named_walls, best, relative)), results, walls))
         spent += sum(walls) + sum(named_walls)
     return found
 
@@ -599,7 +601,10 @@ def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, r
             best_call_params=_params(baseline, fields),
             typical_seconds={key: statistics.median(times) for key, times in rounds.items()}, ratios=ratios,
             round_seconds={key: list(times) for key, times in rounds.items()},
-            loop_ratios=[first[0]] + [ratio for ratio, _ in again], repeat_calls=[ran for _, ran in again]))
+            loop_ratios=[first[0]] + [ratio for ratio, _, _ in again],
+            repeat_calls=[[r.backend for r in ran] for _, ran, _ in again],
+            repeat_call_seconds=[list(walls) for _, _, walls in again],
+            repeat_kernel_seconds=[[r.seconds for r in ran] for _, ran, _ in again]))
         if shown is not None:
             shown.advance()
     return report
