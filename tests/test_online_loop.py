@@ -809,6 +809,31 @@ def test_a_work_table_grows_by_its_new_rows_on_the_next_plan_and_matches_one_mad
         assert planner._work_tables[(spec.name, names)].seen is seen  # no plan yet: not grown
 
 
+def test_a_problem_solved_again_is_one_work_observation(clean):
+    """A loop's calls of one problem did the same work, and a calibration times each problem on every
+    implementation: each is one observation, so the nearest five are five problems and a long-lived planner's
+    table does not grow by a row per call."""
+    spec = _spec("synthetic.repeats", {"serial": _sleeper(0.0), "pool": _sleeper(0.0)},
+                 work_done=lambda p, outputs: {"n": float(p.n), "m": p.m / 2})
+    (spec,) = _install(spec)
+    planner = current()
+    for key in ("serial", "pool"):
+        records = [planning.sample_record(spec, key, p, 1e-3, "calibration", {"n": np.array(p.n)}) for p in GRID]
+        planner.record_calibration(spec, key, records, 0.0, {})
+    assert len(planner._work_seen(spec)) == len({(p.n, p.m) for p in GRID})
+    before = len(planner._work_seen(spec))
+    problem, other = GridProblem(321, 9), GridProblem(654, 9)
+    for ran in (problem, problem, problem, other, problem):
+        planner.record_solve(spec, "serial", planning.sample_record(spec, "serial", ran, 1e-3, "solve",
+                                                                    {"n": np.array(ran.n)}))
+    assert len(planner._work_seen(spec)) == before + 2
+    # the same problem doing other work (another tolerance reached by another path) is news
+    changed = planning.sample_record(spec, "serial", problem, 1e-3, "solve", {"n": np.array(problem.n)})
+    changed["features"] = {**changed["features"], "m": changed["features"]["m"] * 2}
+    planner.record_solve(spec, "serial", changed)
+    assert len(planner._work_seen(spec)) == before + 3
+
+
 def test_a_shared_work_table_is_copied_before_a_planner_grows_it(clean):
     """Fresh planners from one calibration share the table made afresh over its observations; one that grows
     it does so in a copy of its own, and the others' stays that of the calibration."""

@@ -58,6 +58,7 @@ PROCESSES_KEPT = 9  # recent processes remembered: the median follows a change o
 REFIT_AFTER = 8  # new solve samples that make a pair's model refit (or a quarter of its samples, if more)
 WORK_NEIGHBOURS = 5  # observed problems whose work-done ratio predicts a new problem's
 WORK_KEEP = 400  # work observations kept per solver
+REPEAT_WINDOW = 8  # a new work observation equal to one of the latest this many is a repeat, not added (_add_work)
 PLANNING_KEPT = 8  # replanning times kept per solver (Planner.note_planning)
 LOOP_RUNS_KEPT = 15  # a loop's warm runs over their models kept per implementation (Planner.loop_factor)
 LOOP_RUNS_NEEDED = 3  # ... before their median is taken as the loop's conditions
@@ -402,7 +403,7 @@ class Planner:
                 # shared by this process's planners over the same records (evaluate's fresh planner per
                 # problem rebuilt it, and _nearest_work's table, on every first call: 0.1 ms on the VM)
                 key = (spec.name, tuple((record.get("at"), record["seconds"]) for record in records))
-                seen = _shared(_WORK_SEEN, key, lambda: [_work_observation(record) for record in records][-WORK_KEEP:])
+                seen = _shared(_WORK_SEEN, key, lambda: _distinct([_work_observation(r) for r in records])[-WORK_KEEP:])
                 self._work[spec.name] = seen
             return seen
 
@@ -479,7 +480,13 @@ class Planner:
         if "nominal" not in record or "fields" not in record:
             return
         seen = self._work_seen(spec)  # a new list: the old one may be shared (_work_seen)
-        self._work[spec.name] = [*seen, _work_observation(record)][-WORK_KEEP:]
+        observation = _work_observation(record)
+        # a loop's calls of one problem did the same work: one observation of it, not one per call. Three copies
+        # of each problem made a long-lived planner's table three times the size with nothing more in it, and the
+        # nearest "five" problems often two; its first call on a new small HJB problem planned in 182 us on the VM,
+        # a fresh planner's in 88
+        if observation not in seen[-REPEAT_WINDOW:]:
+            self._work[spec.name] = [*seen, observation][-WORK_KEEP:]
 
     # -- one-off costs -----------------------------------------------------------------
 
@@ -886,6 +893,16 @@ def sample_record(spec: SolverSpec, implementation: str, problem: Any, seconds: 
 def _work_observation(record: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
     """A solve record's (numeric fields, done / nominal ratio per feature), for the expected-work model."""
     return record["fields"], _ratios(record["nominal"], record["features"])
+
+
+def _distinct(observations: list) -> list:
+    """The observations less exact repeats, in order of their first: a calibration times each problem on every
+    implementation, and each one's record of the same work is the same observation."""
+    found = {}
+    for fields, ratios in observations:
+        # sorted: the stored records' keys are sorted, the latest calibration's in memory are not
+        found.setdefault((tuple(sorted(fields.items())), tuple(sorted(ratios.items()))), (fields, ratios))
+    return list(found.values())
 
 
 def _ratios(nominal: Mapping[str, float], done: Mapping[str, float]) -> dict[str, float]:

@@ -18,6 +18,14 @@ fresh wisdom store:
   naming numba, each loop on a fresh planner that first planned another
   problem (as ``crossover evaluate``'s loops). What planning a new
   problem costs a kernel of tens of microseconds.
+- ``long``: the same against a user's process, which keeps one planner
+  for every problem it solves. ``mfg.hjb_fdm`` on ``PROBE_COUNT`` (default
+  150) new small problems (Nx 21-160, seeded held-out draws), three
+  ``core.solve`` calls each: on one long-lived planner, on a fresh planner
+  per problem that first planned another one (``crossover evaluate``'s
+  loops), and naming numba. The median overhead of calls 1-3 over the
+  first and the last third of the problems, and the planner's work
+  observations at the end.
 - ``phases``: where that first call's time goes. What reading each
   backend's free memory costs; then, for 200 new HJB problems (Nx 21-70),
   the median first-call overhead and the median time of each phase (the
@@ -54,12 +62,13 @@ from core.solver import problem_from_params
 
 
 def calls(solver: str, problem: object, backend: str, count: int = 3, primer: object = None,
-          stale_memory: bool = False, around=contextlib.nullcontext) -> list[tuple[str, float, float]]:
-    """``count`` calls on a fresh planner (that first planned ``primer``, if given): (implementation, wall ms,
-    kernel ms) each. ``stale_memory`` drops the process's free-memory readings first (as a call made over a
-    second after the last one finds them); ``around()`` is entered around each call."""
+          stale_memory: bool = False, around=contextlib.nullcontext,
+          planner: Planner | None = None) -> list[tuple[str, float, float]]:
+    """``count`` calls on a fresh planner (that first planned ``primer``, if given), or on ``planner``:
+    (implementation, wall ms, kernel ms) each. ``stale_memory`` drops the process's free-memory readings first
+    (as a call made over a second after the last one finds them); ``around()`` is entered around each call."""
     found = []
-    with use(Planner.from_calibration(current())):
+    with use(planner or Planner.from_calibration(current())):
         if primer is not None:
             core.plan(primer, solver=solver, expected_calls=math.inf, explain=False, calibrate=True)
         if stale_memory:
@@ -117,6 +126,38 @@ def hjb_overhead() -> None:
     for backend, found in rows.items():
         print(f"{backend:6s} overhead us, calls 1-3 (median of {len(found)} problems):",
               [round(statistics.median(row[call] for row in found)) for call in range(3)])
+
+
+def long_lived() -> None:
+    import statistics
+
+    from core.costmodel.design import held_out_problems
+    from core.costmodel.evaluate import hold_inputs, primer
+
+    spec = get_solver("mfg.hjb_fdm")
+    ensure_calibrated(spec)
+    warm_the_process(spec, True)
+    earlier = primer(spec, True)
+    count = int(os.environ.get("PROBE_COUNT", "150"))
+    problems = [p for seed in range(10 * count) for p in held_out_problems(spec, True, count=12, seed=seed)
+                if p.Nx <= 160][:count]
+    rows: dict[str, list[list[float]]] = {"long-lived auto": [], "fresh auto": [], "numba": []}
+    user = Planner.from_calibration(current())
+    for problem in problems:
+        hold_inputs(problem)
+        timed = calls(spec.name, problem, "auto", planner=user)  # a user's process: one planner for everything
+        rows["long-lived auto"].append([(wall - kernel) * 1e3 for _, wall, kernel in timed])
+        for backend, name in (("auto", "fresh auto"), ("numba", "numba")):
+            timed = calls(spec.name, problem, backend, primer=earlier)
+            rows[name].append([(wall - kernel) * 1e3 for _, wall, kernel in timed])
+    third = max(1, count // 3)
+    def medians(found: list[list[float]]) -> list[int]:
+        return [round(statistics.median(row[call] for row in found)) for call in range(3)]
+
+    for name, found in rows.items():
+        print(f"{name:15s} overhead us, calls 1-3, median of the first {third} problems:", medians(found[:third]),
+              f"of the last {third}:", medians(found[-third:]))
+    print("the long-lived planner's work observations:", len(user._work_seen(spec)))
 
 
 PHASE_TIMES: dict[str, list[float]] = {}
@@ -272,7 +313,7 @@ def evaluate_phases() -> None:
                   f"{os.path.basename(path)}:{line}({name})")
 
 
-PARTS = {"rw": random_walk, "lr": linreg_graph, "dg": dotgat_batches, "hjb": hjb_overhead,
+PARTS = {"rw": random_walk, "lr": linreg_graph, "dg": dotgat_batches, "hjb": hjb_overhead, "long": long_lived,
          "phases": first_call_phases, "evaluate": evaluate_phases}
 
 if __name__ == "__main__":
