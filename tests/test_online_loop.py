@@ -731,6 +731,37 @@ def test_the_truth_compares_implementations_round_by_round():
     assert slower["b"] / slower["a"] == pytest.approx(1.3)
 
 
+def test_near_ties_get_more_rounds_and_the_median_of_them_decides(monkeypatch):
+    """Three rounds of two near-tied implementations on a shared machine can put either one 40 % slower; the
+    near-tied ones (not the far) are timed again, and every round they ran in counts."""
+    from core.costmodel import evaluate as evaluating
+
+    # a wanders: slow in two of the first three rounds, at 1.0 after; b holds at 1.1; c is 5x (no contender)
+    script = {"a": iter([1e-3] * 4), "b": iter([1.1e-3] * 4)}  # milliseconds: their rounds are short
+    timed = []
+
+    def measure(spec, key, problem, repeats):
+        timed.append(key)
+        return None, next(script[key])
+
+    monkeypatch.setattr(evaluating, "measure", measure)
+    monkeypatch.setattr(evaluating, "current", lambda: Planner())
+    found = [{"a": [1.6e-3, 1.0e-3, 1.55e-3], "b": [1.1e-3] * 3, "c": [5e-3] * 3}]
+    assert evaluating.paired_ratios(found[0])["a"] == pytest.approx(1.55 / 1.1)  # three rounds: a looks 41 % slower
+    evaluating.more_rounds(None, [(object(), ["a", "b", "c"])], found, 3)
+    assert sorted(set(timed)) == ["a", "b"] and len(timed) == 2 * evaluating.EXTRA_ROUNDS
+    ratios = evaluating.paired_ratios(found[0])
+    assert ratios["a"] == pytest.approx(1.0) and ratios["b"] == pytest.approx(1.1)
+    assert ratios["c"] == pytest.approx(5.0 / 1.1)  # from its own three rounds
+    # a case with one contender near the fastest gets none
+    timed.clear()
+    evaluating.more_rounds(None, [(object(), ["b", "c"])], [{"b": [1e-3] * 3, "c": [5e-3] * 3}], 3)
+    assert timed == []
+    # and near-tied ones whose rounds are long are not timed again: their noise is a small part of them
+    evaluating.more_rounds(None, [(object(), ["a", "b"])], [{"a": [1.0] * 3, "b": [1.1] * 3}], 3)
+    assert timed == []
+
+
 # -- the Planner object ----------------------------------------------------------------------
 
 
