@@ -15,7 +15,11 @@ problems: a new problem's three calls on a fresh planner over the
 calibration (as ``evaluate`` runs them, ``core.costmodel.evaluate.run_loop``),
 choosing and naming the implementation the first choice ran. Its tracks are
 the first call's overhead either way and the choosing calls' total over the
-naming ones' (the selection issue's bar is 1.3).
+naming ones' (the selection issue's bar is 1.3). A user's process keeps one
+planner for every problem it solves, which ``evaluate``'s fresh planners do
+not: ``track_long_lived_first_call_overhead_ms`` is the first call's
+overhead on new problems (the small one's size plus 1, 2, ...) after that
+planner has solved :data:`LONG_LIVED_PROBLEMS` of them.
 
 Run it without asv too: ``python asv_benchmarks/bench_solve_overhead.py``
 (a quick calibration of each solver first, in a temporary wisdom store);
@@ -26,6 +30,7 @@ cumulative time), to find what a host adds.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import sys
@@ -121,6 +126,33 @@ def first_calls(solver: str, loops: int = FIRST_CALL_LOOPS) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in rows.items()}
 
 
+LONG_LIVED_PROBLEMS = 90
+
+
+def long_lived_first_calls(solver: str, problems: int = LONG_LIVED_PROBLEMS) -> float:
+    """The median first-call overhead (seconds) over the last third of ``problems`` new problems, three calls
+    each, all on one planner (a user's process), none of them seen before."""
+    from core.costmodel.evaluate import hold_inputs, warm_the_process
+    from core.costmodel.planner import Planner, current, use
+    from core.registry import get_solver
+    from core.solver import problem_from_params
+
+    spec = get_solver(solver)
+    warm_the_process(spec, True)
+    overheads = []
+    with use(Planner.from_calibration(current())):
+        for index in range(problems):
+            params = {**PROBLEMS[solver], spec.size_axis: PROBLEMS[solver][spec.size_axis] + index + 1}
+            problem = problem_from_params(spec, params)
+            hold_inputs(problem)
+            for call in range(3):
+                began = time.perf_counter()
+                result = core.solve(problem, solver=solver, expected_calls=math.inf)
+                if call == 0:
+                    overheads.append(time.perf_counter() - began - result.seconds)
+    return statistics.median(overheads[-max(1, problems // 3):])
+
+
 class FirstCalls:
     """A new small problem's first calls: what the plan costs before anything settles."""
 
@@ -148,6 +180,11 @@ class FirstCalls:
         return first_calls(solver)["ratio"]
 
     track_three_calls_over_named.unit = "choosing / naming wall time"
+
+    def track_long_lived_first_call_overhead_ms(self, directory: str, solver: str) -> float:
+        return 1e3 * long_lived_first_calls(solver)
+
+    track_long_lived_first_call_overhead_ms.unit = "ms over the kernel"
 
 
 def _profile(solver: str, top: int = 25) -> None:
@@ -216,6 +253,8 @@ def main() -> None:
             found = first_calls(solver)
             print("    " + "; ".join(f"{name} {value * 1e6:.0f} us" for name, value in found.items() if name != "ratio")
                   + f"; three calls choosing / naming {found['ratio']:.2f}x")
+            print(f"    first call on a new problem, one planner after {LONG_LIVED_PROBLEMS} of them: "
+                  f"{long_lived_first_calls(solver) * 1e6:.0f} us")
         if "--profile" in sys.argv:
             _phases(solver)
             _profile(solver)

@@ -265,13 +265,13 @@ def timed_rounds(spec: Any, cases: list[tuple[Any, list[str]]], repeats: int,
 
 NEAR_TIE = 1.5  # implementations within this of a case's fastest (paired_ratios) get more rounds (more_rounds)
 EXTRA_ROUNDS = 4
-EXTRA_ROUND_SECONDS = 0.5  # ... where each of their rounds took less than this
+EXTRA_RUN_SECONDS = 0.5  # ... where each of their runs took less than this (a round is a warm-up and 3 or more)
 
 
 def more_rounds(spec: Any, cases: list[tuple[Any, list[str]]], found: list[dict[str, list[float]]],
                 repeats: int, extra: int = EXTRA_ROUNDS) -> list[dict[str, list[float]]]:
     """``extra`` more rounds of each case's near-tied implementations (within :data:`NEAR_TIE` of its fastest,
-    two or more, each round under :data:`EXTRA_ROUND_SECONDS`), across the cases as :func:`timed_rounds` runs
+    two or more, each run under :data:`EXTRA_RUN_SECONDS`), across the cases as :func:`timed_rounds` runs
     them; added to ``found`` in place, which :func:`paired_ratios` reads.
 
     Three rounds cannot tell a near tie on a shared machine: on the 2-core
@@ -286,7 +286,7 @@ def more_rounds(spec: Any, cases: list[tuple[Any, list[str]]], found: list[dict[
     for (problem, _), times in zip(cases, found):
         ratios = paired_ratios(times)
         near = [key for key, ratio in ratios.items()
-                if ratio <= NEAR_TIE and max(times[key]) < EXTRA_ROUND_SECONDS]
+                if ratio <= NEAR_TIE and max(times[key]) < EXTRA_RUN_SECONDS]
         close.append((problem, near if len(near) >= 2 else []))
     for _ in range(extra):
         for (problem, keys), times in zip(close, found):
@@ -498,8 +498,8 @@ def repeat_pairs(spec: Any, problem: Any, baseline: Any, best: str, relative: Ma
 
     One run of a loop of three sub-millisecond calls cannot judge a bar of
     1.3x: on the VM the same HJB problem's loop, run five times with its
-    calls naming the best after each, scored 0.87-1.55x (median 1.25x;
-    ``docs/results/vm-2026-11-28g/e-``), a preempted call or a timer tick
+    calls naming the best after each, scored anywhere in 0.87-1.55x
+    (``docs/results/vm-2026-11-28g/e-``), a preempted call or a timer tick
     being a fifth of such a total. The median of the runs is the ratio
     (:attr:`EvaluationRow.loop_ratio`), as the truth takes a round's median;
     the first run stays in the row as it was measured (``first_loop_ratio``).
