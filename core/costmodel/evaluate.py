@@ -620,8 +620,7 @@ def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, r
         hold_inputs(baseline)  # again: a plugin may keep only its latest inputs (ml's synthetic data keeps two)
         _, named, named_walls = run_loop(spec, baseline, calls, backend=best, planning="estimate", primer=earlier)
         best_walls = informed_walls(results, named, named_walls, best, ratios)
-        first = (sum(walls) / sum(best_walls), sum(walls) + sum(named_walls))
-        again = repeat_pairs(spec, problem, baseline, best, ratios, calls, earlier, first[1]) \
+        again = repeat_pairs(spec, problem, baseline, best, ratios, calls, earlier, sum(walls) + sum(named_walls)) \
             if repeatable(decision, results + named) else []
         report.rows.append(EvaluationRow(
             size=float(getattr(problem, spec.size_axis)), params=_params(problem, fields), seconds=seconds,
@@ -635,7 +634,7 @@ def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, r
             best_call_params=_params(baseline, fields),
             typical_seconds={key: statistics.median(times) for key, times in rounds.items()}, ratios=ratios,
             round_seconds={key: list(times) for key, times in rounds.items()},
-            loop_ratios=[first[0]] + [ratio for ratio, _, _ in again],
+            loop_ratios=[sum(walls) / sum(best_walls)] + [ratio for ratio, _, _ in again],
             repeat_calls=[[r.backend for r in ran] for _, ran, _ in again],
             repeat_call_seconds=[list(walls) for _, _, walls in again],
             repeat_kernel_seconds=[[r.seconds for r in ran] for _, ran, _ in again]))

@@ -897,7 +897,8 @@ def _work_observation(record: Mapping[str, Any]) -> tuple[dict[str, float], dict
 
 def _distinct(observations: list) -> list:
     """The observations less exact repeats, in order of their first: a calibration times each problem on every
-    implementation, and each one's record of the same work is the same observation."""
+    implementation, and each one's record of the same work is the same observation (as a loop's repeated calls
+    are, which :meth:`Planner._add_work` does not add)."""
     found = {}
     for fields, ratios in observations:
         # sorted: the stored records' keys are sorted, the latest calibration's in memory are not
