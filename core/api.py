@@ -16,7 +16,7 @@ from core import limits
 from core.backend import Availability, safe_describe
 from core.costmodel.calibrate import ensure_calibrated, measure_outputs
 from core.costmodel.features import model_features
-from core.costmodel.plan import plan, plan_problem, recent_free_memory
+from core.costmodel.plan import model_prediction, plan, plan_problem, recent_free_memory
 from core.costmodel.planner import accepts_planner, current, fields_held, numeric_key
 from core.costmodel.race import (
     SHORT_RUN,
@@ -80,8 +80,10 @@ def availability(name: str) -> Availability:
     return probe(registered_backend(name))
 
 
-def _named(spec: SolverSpec, problem: Any, name: str, expected_calls: float | None) -> Plan:
-    """A plan for a backend the caller named: its variant chosen by measurement, its memory checked."""
+def _named(spec: SolverSpec, problem: Any, name: str, expected_calls: float | None, nominal: Mapping[str, float],
+           race: Any) -> Plan:
+    """A plan for a backend the caller named: its variant chosen by measurement, its memory checked, and the
+    prediction its Result carries (with the expected work, as auto's: the time limit refuses by it too)."""
     keys = check_backend(spec, name)
     memory = recent_free_memory()
     reasons = {key: exclusion(spec, problem, key, memory) for key in keys}
@@ -90,13 +92,16 @@ def _named(spec: SolverSpec, problem: Any, name: str, expected_calls: float | No
         why = "; ".join(f"{key}: {reason}" for key, reason in reasons.items())
         error = NotEnoughMemoryError if all("memory" in r for r in reasons.values()) else BackendUnavailableError
         raise error(f"backend {name!r} cannot run {spec.name} on this problem: {why}")
-    if len(runnable) > 1:
-        try:
-            chosen = plan(problem, solver=spec.name, expected_calls=expected_calls, explain=False, only=runnable)
-            return dataclasses.replace(chosen, reason=f"named by the caller; {chosen.reason}")
-        except AutoSelectionError:  # no variant calibrated yet: the first one the plugin lists
-            pass
-    return Plan(solver=spec.name, backend=runnable[0], reason="named by the caller")
+    if len(runnable) == 1:  # nothing to choose: the model's word, from the view a known problem reuses
+        prediction, work = model_prediction(spec, problem, nominal, runnable[0])
+        return Plan(solver=spec.name, backend=runnable[0], reason="named by the caller",
+                    predictions={runnable[0]: prediction} if prediction.seconds is not None else {},
+                    expected_work=work)
+    try:
+        chosen = plan_problem(spec, problem, nominal, expected_calls, race, only=runnable)
+    except AutoSelectionError:  # no variant calibrated yet: the first one the plugin lists, unpredicted
+        return Plan(solver=spec.name, backend=runnable[0], reason="named by the caller")
+    return dataclasses.replace(chosen, reason=f"named by the caller; {chosen.reason}")
 
 
 PLANNING = ("estimate", "race", "measure")
@@ -376,7 +381,7 @@ def _solve(spec: SolverSpec, problem: Any, backend: str, expected_calls: float |
             decision = plan_problem(spec, problem, nominal, expected_calls, race)
             tier_up(spec, decision)
         else:
-            decision = _named(spec, problem, backend, expected_calls)
+            decision = _named(spec, problem, backend, expected_calls, nominal, race)
         if planning == "measure" and decision.measure:
             _measure_close(spec, problem, decision, nominal)
             only = None if backend == "auto" else list(decision.predictions)

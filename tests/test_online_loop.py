@@ -404,6 +404,32 @@ def test_a_step_taken_before_anything_ran_warm_stands_while_its_leaders_runs_con
     assert race_rule.settled_step(race, ("key",)) is None
 
 
+def test_an_incumbent_under_its_model_keeps_the_lead_over_a_sibling_with_an_equal_model():
+    """Its run pulls its own estimate only part of the way to it (the model weighs in), so its siblings are
+    scaled no further: an equal model stays equal, in the full step and in a settled one (keeps_the_incumbent).
+    Scaled by the run alone, the sibling lay under the incumbent's estimate and took call 3."""
+    def family(key):
+        return key.split(":")[0]
+
+    guesses = {"numba:serial": (97.4e-6, 0.03), "numba:threads": (97.6e-6, 0.03), "numpy": (370e-6, 0.03)}
+    race = _race(calls=2)
+    race.leader = "numba:serial"
+    race.add("numba:serial", 83e-6, cold=False)  # call 2's run, 15 % under its model
+    models = {key: guess[0] for key, guess in guesses.items()}
+    estimated = race_rule.in_the_loops_conditions(bands(guesses, race), models, race, family)
+    own = estimated["numba:serial"]
+    assert 83e-6 < own.centre < 97.4e-6  # the model weighs in
+    assert estimated["numba:threads"].centre == pytest.approx(own.centre * 97.6 / 97.4)
+    assert estimated["numpy"].centre == pytest.approx(370e-6)  # another backend: as its model says
+    assert next_step(estimated, race, "numba:serial", math.inf).implementation == "numba:serial"
+    plain = {key: race_rule.band_of(*guess, 0) for key, guess in guesses.items()}
+    assert race_rule.keeps_the_incumbent(own, plain, models, {k: family(k) for k in guesses}, race,
+                                         "numba:serial", 0.03)
+    # runs over the model still scale the family all the way (a slow spell slows it all)
+    assert race_rule.conditions_factor([1.4, 1.4], 1.0, 1.2) == pytest.approx(1.4)
+    assert race_rule.conditions_factor([0.8], 1.0, 0.9) == pytest.approx(0.9)
+
+
 def test_siblings_known_only_by_their_models_run_in_the_loops_conditions():
     def family(key):
         return key.split(":")[0]
@@ -532,6 +558,19 @@ def test_one_call_expected_never_explores(clean):
     result = core.solve(GridProblem(1_000, 10), solver=spec.name, expected_calls=1)
     assert result.backend == "serial" and not result.diagnostics["explored"]
     assert result.predicted_seconds == pytest.approx(1.0e-2, rel=0.05)
+
+
+def test_a_named_backends_result_carries_its_prediction(clean):
+    (spec,) = _install(_spec("synthetic.named_one", {"serial": _sleeper(0.002), "pool": _sleeper(0.004)}))
+    uncalibrated = core.solve(GridProblem(1_000, 10), backend="serial", solver=spec.name)
+    assert uncalibrated.predicted_seconds is None and uncalibrated.plan.reason == "named by the caller"
+    _calibrate(spec, "serial", lambda p: 2.0e-3, GRID)
+    _calibrate(spec, "pool", lambda p: 4.0e-3, GRID)
+    result = core.solve(GridProblem(1_000, 10), backend="serial", solver=spec.name)
+    assert result.backend == "serial" and result.predicted_seconds == pytest.approx(2.0e-3, rel=0.05)
+    assert list(result.plan.predictions) == ["serial"] and result.plan.reason == "named by the caller"
+    with pytest.raises(core.TooLongError, match="serial"):  # the limit refuses by the same prediction
+        core.solve(GridProblem(1_000, 10), backend="serial", solver=spec.name, max_seconds=1e-3)
 
 
 def test_a_named_backend_never_moves_to_a_variant_that_measured_slower(clean):
@@ -685,8 +724,9 @@ def test_a_short_loop_is_judged_by_the_median_of_its_runs_and_a_slow_first_call_
 
     planned = core.api.plan_problem
 
-    def slow_to_plan(*args, **kwargs):  # a new problem's plan costs three of its calls
-        time.sleep(3e-3)
+    def slow_to_plan(*args, **kwargs):  # auto's plan of a new problem costs three of its calls
+        if kwargs.get("only") is None:  # (a named backend's plan weighs its own variants only)
+            time.sleep(3e-3)
         return planned(*args, **kwargs)
 
     monkeypatch.setattr(core.api, "plan_problem", slow_to_plan)

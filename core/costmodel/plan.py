@@ -217,6 +217,15 @@ def _view(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], only: Se
     return view
 
 
+def model_prediction(spec: SolverSpec, problem: Any, nominal: Mapping[str, float],
+                     key: str) -> tuple[Prediction, dict[str, float]]:
+    """What the implementation's model alone predicts for ``problem`` (no one-off, no runs of it), and the
+    expected work it assumed where that differs from the nominal: a named backend's single variant, whose
+    calls need no plan, carry it in their Result. From the view a known problem's calls reuse."""
+    view = _view(spec, problem, nominal, (key,))
+    return view.predictions[key], {name: value for name, value in view.base.items() if value != nominal.get(name)}
+
+
 @accepts_planner
 def plan(problem: Any, *, solver: str | None = None, expected_calls: float | None = None,
          margin: float | None = None, calibrate: bool = False, explain: bool = True,
