@@ -135,6 +135,7 @@ def test_cost_model_page_quotes_the_selection_rule_as_the_code_states_it():
     stated = {
         "plan.MIN_ERROR": plan.MIN_ERROR, "plan.EXTRAPOLATED_ERROR": plan.EXTRAPOLATED_ERROR,
         "plan.MIN_MARGIN": plan.MIN_MARGIN, "plan.MAX_MARGIN": plan.MAX_MARGIN, "plan.OVERLAP": plan.OVERLAP,
+        "plan.AT_STAKE_MARGIN": plan.AT_STAKE_MARGIN,
         "plan.MEASURE_AT_MOST": plan.MEASURE_AT_MOST,
         "fit.EXTRAPOLATION_FACTOR": fit.EXTRAPOLATION_FACTOR, "fit.OUTLIER_RATIO": fit.OUTLIER_RATIO,
         'calibrate.QUICK["budget"]': calibrate.QUICK["budget"],
