@@ -225,8 +225,8 @@ def _view(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], only: Se
 def model_prediction(spec: SolverSpec, problem: Any, nominal: Mapping[str, float],
                      key: str) -> tuple[Prediction, dict[str, float]]:
     """What the implementation's model alone predicts for ``problem`` (no one-off, no runs of it), and the
-    expected work it assumed where that differs from the nominal: a named backend's single variant, whose
-    calls need no plan, carry it in their Result. From the view a known problem's calls reuse."""
+    expected work it assumed where that differs from the nominal, from the view a known problem's calls
+    reuse: the prediction a call naming a backend with a single variant carries (it needs no plan)."""
     view = _view(spec, problem, nominal, (key,))
     return view.predictions[key], {name: value for name, value in view.base.items() if value != nominal.get(name)}
 
