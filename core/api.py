@@ -440,16 +440,11 @@ def _since(settled: Settled, learnt: bool) -> str:
 
 
 def _refuse_if_too_long(spec: SolverSpec, problem: Any, decision: Plan, key: str, limit: float) -> None:
-    """Nothing starts that the models predict to run past the limit."""
-    predicted = _predicted_seconds(spec, problem, key, decision)
+    """Nothing starts that the models predict to run past the limit (the plan's prediction: a named backend's
+    plan carries its own too, see :func:`_named`)."""
+    prediction = decision.predictions.get(key)
+    predicted = prediction.seconds if prediction is not None else None
     if predicted is None:  # no model for the implementation that will run: limits decides how to bound it
         predicted = limits.unmodelled_seconds(spec, problem, key, limit)
     if predicted is not None:
         limits.refuse_if_too_long(spec.name, key, predicted, limits.predicted_memory(spec, problem, key), limit)
-
-
-def _predicted_seconds(spec: SolverSpec, problem: Any, key: str, decision: Plan) -> float | None:
-    if key in decision.predictions and decision.predictions[key].seconds is not None:
-        return decision.predictions[key].seconds
-    fitted = current().model(spec, key)  # a named backend's plan may carry no predictions
-    return None if fitted is None else max(0.0, fitted.predict(model_features(spec, problem, key))[0])
