@@ -33,7 +33,6 @@ from core.costmodel.race import (
     settles,
     short_run_sample,
     unconfirmed,
-    with_first_run,
     worth_confirming,
 )
 from core.costmodel.warmup import tier_up, using, warming
@@ -252,28 +251,6 @@ def _contenders(decision: Plan) -> dict[str, Any]:
     return {key: p for key, p in decision.predictions.items() if key not in decision.excluded and p.seconds is not None}
 
 
-def _first_run_weighs(spec: SolverSpec, decision: Plan, race: Any) -> bool:
-    """Whether the problem's first run, taken back by what this process's first calls paid (the plan weighs it:
-    race.with_first_run), puts its implementation behind another contender: then the next call plans again.
-
-    Otherwise it reuses the first call's step as one that learnt nothing
-    (race.learnt_nothing), and the run was lost: on the VM an FP problem's
-    numba:steps, modelled 3 % under numba:fused, took 1.17 ms on its first
-    call (FP's first calls there take 1.3x their warm runs), ran all three
-    calls at 0.72-0.77 ms, and fused took 0.54 (12 % regret).
-    """
-    if race.first is None:
-        return False
-    key, run = race.first
-    excess = current().first_call_excess(spec.name, key)
-    own = decision.predictions.get(key)
-    if excess is None or own is None or not own.model_seconds:
-        return False
-    weighed, _ = with_first_run((own.model_seconds, own.model_error or 0.0), run, excess)
-    return any(p.seconds + p.one_off_seconds / decision.expected_calls < weighed
-               for other, p in _contenders(decision).items() if other != key)
-
-
 def _owed(decision: Plan) -> dict[str, float]:
     """Each contender's unpaid one-off less the share its estimate carries (:func:`_estimated`): what a trial
     of it pays on top of its estimate."""
@@ -442,7 +419,6 @@ def _solve(spec: SolverSpec, problem: Any, backend: str, expected_calls: float |
         # nothing learnt, and the next call would not try anything either (race.first_trial); with no warm run
         # added, this call's bands stand
         unlearnt = (not settling and learnt_nothing(step, race) and _no_one_off_left(decision)
-                    and not _first_run_weighs(spec, decision, race)
                     and not (step.contested and _next(spec, decision, race, expected_calls, estimated).explore))
         race.settled = (_settling(settled_key, step, decision, race, unlearnt, estimated if unlearnt else None)
                         if settling or unlearnt else None)

@@ -62,7 +62,7 @@ from core.costmodel.design import with_size
 from core.costmodel.features import model_features
 from core.costmodel.fit import CostModel
 from core.costmodel.planner import accepts_planner, current, numeric_key, problem_key
-from core.costmodel.race import EXTRAPOLATED_ERROR, estimate, relative_error, with_first_run
+from core.costmodel.race import EXTRAPOLATED_ERROR, estimate, relative_error
 from core.errors import AutoSelectionError
 from core.registry import get_registry, get_solver
 from core.result import Plan, Prediction
@@ -161,15 +161,6 @@ def _with_runs(model: Prediction, warm: Sequence[float], one_off: float) -> Pred
         return Prediction(model.seconds, model.status, one_off, model.error, 0, model.seconds, model.error)
     return Prediction(band.centre, "measured", one_off, relative_error(band), band.samples, model.seconds,
                       model.error)
-
-
-def _with_first_run(model: Prediction, first_run: float, excess: tuple[float, float] | None) -> Prediction:
-    """The model's prediction together with the problem's first run, where this process knows what first calls
-    pay over warm ones (race.with_first_run); the model's alone before, or with no model."""
-    if excess is None or model.seconds is None or not model.seconds > 0 or not first_run > 0:
-        return model
-    seconds, error = with_first_run((model.seconds, model.error or 0.0), first_run, excess)
-    return Prediction(seconds, model.status, model.one_off_seconds, error, 0, model.seconds, model.error)
 
 
 @dataclass(frozen=True)
@@ -282,10 +273,7 @@ def plan_problem(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], e
             predictions[key], excluded[key] = model, why
             continue
         one_off = planner.one_off(spec, key, problem, model.seconds)
-        warm = race.warm.get(key, []) if race else []
-        if not warm and race and race.first and race.first[0] == key:
-            model = _with_first_run(model, race.first[1], planner.first_call_excess(spec.name, key))
-        prediction = predictions[key] = _with_runs(model, warm, one_off)
+        prediction = predictions[key] = _with_runs(model, race.warm.get(key, []) if race else [], one_off)
         if prediction.seconds is None:  # no model, and no warm run of this problem either
             excluded[key] = "uncalibrated on this machine (run `crossover calibrate`)"
             continue

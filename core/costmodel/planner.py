@@ -46,7 +46,7 @@ from core.backend import Backend
 from core.costmodel import store
 from core.costmodel.features import feature_names, model_features
 from core.costmodel.fit import CostModel, Sample, fit
-from core.costmodel.race import FIRST_CALLS_NEEDED, Race, first_call_excess
+from core.costmodel.race import Race
 from core.solver import SolverSpec, backend_of
 from core.validation import fail
 
@@ -90,8 +90,6 @@ class ProcessFacts:
     first_planning: dict[str, list[float]] = field(default_factory=dict)  # and planning a new one
     # warm runs in loops, (model's prediction, run over it, its log), by (solver, implementation) (Planner.loop_factor)
     loop_runs: dict[tuple[str, str], list[tuple[float, float, float]]] = field(default_factory=dict)
-    # first calls on a problem over their implementation's next warm run there, by (solver, implementation)
-    first_calls: dict[tuple[str, str], list[float]] = field(default_factory=dict)
     # the undetermined features already reported, by (solver, implementation, features): a fact of the process,
     # so evaluate's fresh planners (one a problem) do not say it again
     warned: set[tuple[str, str, tuple]] = field(default_factory=set)
@@ -253,7 +251,6 @@ class Planner:
             self.process.ran.clear()
             self.process.memory_read = (-math.inf, {})
             self.process.loop_runs.clear()  # runs over the models forgotten here
-            self.process.first_calls.clear()
             self.epoch += 1
 
     def export(self) -> dict[str, Any]:
@@ -667,39 +664,6 @@ class Planner:
             kept.append((model, seconds / model, math.log(model)))  # the log for scale_weighted_factor
             del kept[:-LOOP_RUNS_KEPT]
 
-    def _note_first_call(self, solver: str, race: Race, implementation: str, value: float, cold: bool,
-                         first_touch: bool, model: float | None) -> None:
-        """Keep a problem's first run (one that owed no declared one-off, of a modelled implementation), and on
-        its implementation's first warm run there, how much more the first call took (:meth:`first_call_excess`)."""
-        if cold or model is None:
-            return
-        if first_touch:
-            if not race.warm and not race.cold:  # the problem's first run here
-                race.first = (implementation, value)
-            return
-        if race.first and race.first[0] == implementation and not race.warm.get(implementation):
-            with self._lock:
-                kept = self.process.first_calls.setdefault((solver, implementation), [])
-                kept.append(race.first[1] / value)
-                del kept[:-LOOP_RUNS_KEPT]
-
-    def first_call_excess(self, solver: str, implementation: str) -> tuple[float, float] | None:
-        """What this process's first calls of ``implementation`` on a new problem took over its next warm run
-        there: their median ratio and its spread (None until enough were seen; race.first_call_excess).
-
-        Until its own are enough, its family's (its backend's other
-        implementations'), as :meth:`loop_factor`: a loop keeps running what
-        its first call ran where it can, so the implementation whose first
-        run a near tie needs is the one seldom seen warm after it (on the VM
-        FP's numba:fused was, on most problems; numba:steps on few).
-        """
-        own = self.process.first_calls.get((solver, implementation), ())
-        if len(own) >= FIRST_CALLS_NEEDED:
-            return first_call_excess(own)
-        family = backend_of(implementation)
-        return first_call_excess([ratio for (name, key), ratios in list(self.process.first_calls.items())
-                                  if name == solver and backend_of(key) == family for ratio in ratios])
-
     def loop_factor(self, solver: str, implementation: str, model: float | None = None) -> float:
         """How much slower than its model an implementation runs in this process's loops (1 until known).
 
@@ -815,9 +779,8 @@ class Planner:
         # in the models' terms: a run over this process's loop factor (loop_factor), so that runs and models
         # of different implementations compare as the back-to-back runs that calibrated them
         factor = self.loop_factor(spec.name, implementation, model)
-        race, value = self.race(spec, nominal), seconds / (min(1.0, factor) if trial else factor)
-        self._note_first_call(spec.name, race, implementation, value, cold, first_touch, model)
-        race.add(implementation, value, cold or first_touch)
+        self.race(spec, nominal).add(implementation, seconds / (min(1.0, factor) if trial else factor),
+                                     cold or first_touch)
         if not cold:  # a call that paid a one-off would bias the steady-state model
             self.record_solve(spec, implementation,
                               sample_record(spec, implementation, problem, seconds, "solve", outputs, nominal))

@@ -122,7 +122,6 @@ class Race:
     explored: int = 0
     leader: str | None = None  # what the last call that did not explore ran: the incumbent
     settled: Settled | None = None  # what a settled call decided, reused while it holds (settled_step)
-    first: tuple[str, float] | None = None  # the first call's implementation and run, owing no declared one-off
 
     def add(self, implementation: str, seconds: float, cold: bool) -> None:
         kept = (self.cold if cold else self.warm).setdefault(implementation, [])
@@ -401,39 +400,6 @@ def _estimate(model: tuple[float, float] | None, samples: tuple[float, ...]) -> 
                 len(positive))
 
 
-FIRST_CALLS_NEEDED = 3  # first calls seen against their warm runs before their excess is known (first_call_excess)
-
-
-def first_call_excess(ratios: Sequence[float]) -> tuple[float, float] | None:
-    """What a first call on a problem pays over the warm runs after it, from ``ratios`` (first run over the same
-    implementation's warm run, loop by loop): their median and their spread, once there are enough."""
-    kept = [r for r in ratios if r > 0]
-    if len(kept) < FIRST_CALLS_NEEDED:
-        return None
-    logs = [math.log(r) for r in kept]
-    return math.exp(statistics.median(logs)), max(SAMPLE_SPREAD, statistics.pstdev(logs))
-
-
-def with_first_run(model: tuple[float, float], first_run: float, excess: tuple[float, float]) -> tuple[float, float]:
-    """A model's (cost, error) together with the first call's run, taken back to a warm run by the excess that
-    first calls paid here (:func:`first_call_excess`): their precision-weighted mean in log time.
-
-    A first call is no warm sample, but it is evidence. Set aside, it let
-    a near tie decide on the models alone: on the VM FP's numba:steps and
-    numba:fused were modelled at 17.9 and 18.0 ms, steps' first call took
-    29 ms (FP's first calls there ran a median 1.3x their warm runs), fused
-    tried on call 2 ran 18.2, and call 3 went back to steps on its model:
-    22 ms, against fused's 16.3 (31 % regret). Weighed with the spread
-    of the excess itself (at least a lone run's), it moves a tie, not a
-    model that is sure of itself.
-    """
-    ratio, spread = excess
-    guess, error = model[0], max(MODEL_FLOOR, model[1])
-    model_weight, run_weight = 1.0 / error ** 2, 1.0 / spread ** 2
-    log_mean = (model_weight * math.log(guess) + run_weight * math.log(first_run / ratio)) / (model_weight + run_weight)
-    return math.exp(log_mean), 1.0 / math.sqrt(model_weight + run_weight)
-
-
 def bands(guesses: Mapping[str, tuple[float, float]], race: Race) -> dict[str, Band]:
     """Each contender's estimate from its model's (cost, error) and its warm samples here."""
     return {key: estimate(guess, race.warm.get(key, [])) for key, guess in guesses.items()}
@@ -660,9 +626,7 @@ def first_trial(finite: Mapping[str, Band], race: Race, first: str, calls_left: 
         return None
     top = bounded_by_its_first_run(finite[first], race.cold.get(first))
     horizon = payback_calls(calls_left, race.calls)
-    # call 1's implementation is known by its first run where the plan weighed it (with_first_run), and the
-    # plan's pick since is what call 2 learns most from
-    worth = [key for key in finite if key != first and not owed.get(key) and not race.cold.get(key)
+    worth = [key for key in finite if key != first and not owed.get(key)
              and worth_trying(finite[key], top, horizon, 2 * replanning)]
     return max(worth, key=lambda key: expected_gain(finite[key], top), default=None)
 
