@@ -246,9 +246,12 @@ def _missed(decision: Plan, race: Any) -> list[str]:
             and model_missed((p.model_seconds, p.model_error or 0.0), race.warm[key])]
 
 
-def _contenders(decision: Plan) -> dict[str, Any]:
-    """The plan's predictions of the implementations that may run: not excluded, and predicted."""
-    return {key: p for key, p in decision.predictions.items() if key not in decision.excluded and p.seconds is not None}
+def _contenders(decision: Plan, beyond: bool = False) -> dict[str, Any]:
+    """The plan's predictions of the implementations that may run: not excluded, and predicted; with ``beyond``,
+    those the plan left beyond reach too (plan._beyond_reach: the loop never races them, but a leader whose
+    runs drift past one must be planned again)."""
+    return {key: p for key, p in decision.predictions.items()
+            if key not in decision.excluded and (beyond or key not in decision.beyond) and p.seconds is not None}
 
 
 def _owed(decision: Plan) -> dict[str, float]:
@@ -294,6 +297,9 @@ def _settling(key: tuple, step: Step, decision: Plan, race: Any, unlearnt: bool,
     weighs them (one-offs spread, in the loop's conditions as this call's run left them). An unlearnt step keeps
     every contender's band, its model and its backend instead (race.keeps_the_incumbent)."""
     estimated = _estimated(decision, race) if estimated is None else estimated
+    # what the plan left beyond reach still bounds how far the leader's runs may drift before a full plan
+    estimated = {**estimated, **{key: band_of(p.seconds, p.error or 0.0, 0)
+                                 for key, p in _contenders(decision, True).items() if key in decision.beyond}}
     used = step.implementation
     own = estimated[used].centre if used in estimated else math.inf
     error = (decision.predictions[used].error or 0.0) if used in decision.predictions else 0.0
@@ -319,7 +325,7 @@ def _worth_confirming(decision: Plan, race: Any, used: str) -> bool:
         return False
     if not unconfirmed((model.seconds, model.error or 0.0), race.warm[used]):
         return False  # a run within its model's band: nothing to confirm, and the others' bands are not built
-    others = {key: band_of(p.seconds, p.error or 0.0, p.samples) for key, p in _contenders(decision).items()
+    others = {key: band_of(p.seconds, p.error or 0.0, p.samples) for key, p in _contenders(decision, True).items()
               if key != used}
     # siblings in the conditions this run met: a sibling's bare model below a run slowed by the loop's
     # conditions decides nothing (race.in_the_loops_conditions)

@@ -43,6 +43,9 @@ class Plan:
     reason: str
     predictions: Mapping[str, Prediction] = field(default_factory=dict)
     excluded: Mapping[str, str] = field(default_factory=dict)
+    # runnable, but beyond reach of the cheapest by their models (core.costmodel.plan._beyond_reach): not weighed
+    # (their one-offs unpriced) nor raced; core.plan (explain) weighs every one
+    beyond: tuple[str, ...] = ()
     break_even: tuple = ()
     # not confident, and the problem will run again: time these candidates once on it
     measure: tuple[str, ...] = ()
@@ -64,6 +67,7 @@ class Plan:
             "expected_work": dict(self.expected_work),
             "predictions": {k: vars(v) for k, v in self.predictions.items()},
             "excluded": dict(self.excluded),
+            "beyond": list(self.beyond),
             "break_even": [dict(b) if isinstance(b, Mapping) else b for b in self.break_even],
         }
 

@@ -193,6 +193,43 @@ def test_the_margin_grows_with_the_models_error(clean):
     assert noisy.backend == "serial" and "simpler" in noisy.reason  # and inside a noisy model's margin
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_what_a_deciding_plan_leaves_beyond_reach_changes_no_decision(clean, seed):
+    """A plan that only decides (core.solve's) skips what its models put beyond reach of the cheapest: the same
+    choice, close set and confidence as the plan that weighs everything, and nothing it left out was close."""
+    spec, = _install(_spec(f"synthetic.reach{seed}", {"serial": _echo, "pool": _echo, "device": _echo,
+                                                     "device:fast": _echo}))
+    rng = np.random.default_rng(seed)
+    for key in spec.implementations:
+        base, slope, noise = 10 ** rng.uniform(-5, -2), 10 ** rng.uniform(-9, -6), rng.uniform(0, 0.3)
+        jitter = {p: float(np.exp(rng.normal(0, noise))) for p in GRID}
+        costs = {p: (base + slope * p.n) * jitter[p] for p in GRID}
+        _calibrate(spec, key, costs.get, GRID, one_off=rng.uniform(0, 0.5))
+    left_out = 0
+    for n, m in ((10, 1), (3_000, 20), (90_000, 90), (5_000_000, 200)):
+        for calls in (1.0, 10.0, math.inf):
+            problem = GridProblem(n, m)
+            full = core.plan(problem, solver=spec.name, expected_calls=calls)
+            deciding = core.plan(problem, solver=spec.name, expected_calls=calls, explain=False)
+            assert not full.beyond
+            assert (deciding.backend, deciding.close, deciding.confident) == (full.backend, full.close, full.confident)
+            for key in deciding.beyond:
+                assert key not in full.close and deciding.predictions[key].status == "beyond"
+                assert deciding.predictions[key].seconds > 1.25 * full.predictions[full.backend].seconds
+            left_out += len(deciding.beyond)
+    assert left_out  # the draws leave some out: the comparison is not vacuous
+
+
+def test_a_far_slower_implementation_is_left_beyond_reach_and_not_raced(clean):
+    spec, = _install(_spec("synthetic.far", {"serial": _echo, "pool": _echo}))
+    _calibrate(spec, "serial", lambda p: 1e-3, GRID)
+    _calibrate(spec, "pool", lambda p: 5e-3, GRID)
+    result = core.solve(GridProblem(1_000, 10), solver=spec.name, expected_calls=math.inf)
+    assert result.backend == "serial" and result.plan.beyond == ("pool",)
+    assert result.plan.predictions["pool"].seconds == pytest.approx(5e-3)
+    assert "pool" not in result.plan.excluded  # it may run: it is only not weighed
+
+
 # -- when in doubt, measure ------------------------------------------------------------
 
 def test_planning_measure_times_the_close_candidates_before_choosing(clean):

@@ -86,6 +86,18 @@ class CostModel:
             return seconds, self.extrapolated(features)
         return seconds, _outside(phi, *region)
 
+    def seconds(self, features: Mapping[str, float]) -> float:
+        """Predicted seconds alone (a plan judges the region only of the implementations within its reach)."""
+        return self.intercept + sum(map(operator.mul, self.coefficients,
+                                        [float(features.get(name, 0.0)) for name in self.feature_names]))
+
+    def outside(self, features: Mapping[str, float]) -> bool:
+        """Whether the features lie outside the fitted region (the trust region)."""
+        region = self._region
+        if region is None:  # ranges over other names than the model's (a hand-made model)
+            return self.extrapolated(features)
+        return _outside([float(features.get(name, 0.0)) for name in self.feature_names], *region)
+
     def extrapolated(self, features: Mapping[str, float]) -> bool:
         for name, (low, high) in self.ranges.items():
             value = float(features.get(name, 0.0))

@@ -50,8 +50,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -134,19 +134,22 @@ class _Candidate:
     at_stake: float = 0.0  # the largest one-off its run here may pay (Planner.one_off_at_stake)
 
 
-def _model_prediction(spec: SolverSpec, problem: Any, key: str,
-                      base: Mapping[str, float]) -> tuple[Prediction, CostModel | None]:
-    """What the implementation's model alone predicts (no one-off, no runs of this problem)."""
-    fitted = current().model(spec, key)
+def _judged(fitted: CostModel | None, features: Mapping[str, float], seconds: float) -> Prediction:
+    """What the implementation's model alone predicts (no one-off, no runs of this problem), its trust region
+    judged: ``seconds`` is its prediction at ``features``."""
     if fitted is None:
-        return Prediction(None, "uncalibrated"), None
-    seconds, extrapolated = fitted.predict(model_features(spec, problem, key, base))
-    status = "extrapolated" if extrapolated else fitted.status
+        return Prediction(None, "uncalibrated")
+    status = "extrapolated" if fitted.outside(features) else fitted.status
     error = max(MIN_ERROR, fitted.relative_error)
     if status != "calibrated":
         error = max(error, EXTRAPOLATED_ERROR)
-    seconds = max(seconds, 0.0)
-    return Prediction(seconds, status, 0.0, error, 0, seconds, error), fitted
+    return Prediction(seconds, status, 0.0, error, 0, seconds, error)
+
+
+def _unjudged(fitted: CostModel, seconds: float) -> Prediction:
+    """A prediction beyond the plan's reach (``Plan.beyond``): the model's word, its trust region not judged."""
+    error = max(MIN_ERROR, fitted.relative_error)
+    return Prediction(seconds, "beyond", 0.0, error, 0, seconds, error)
 
 
 def _with_runs(model: Prediction, warm: Sequence[float], one_off: float) -> Prediction:
@@ -168,10 +171,24 @@ class _View:
     """What the models say of one problem: cached, since it changes only when a model or the memory does."""
 
     base: Mapping[str, float]  # the expected work
-    predictions: Mapping[str, Prediction]  # the models' alone
+    seconds: Mapping[str, float | None]  # each implementation's model's prediction (None: no model)
+    features: Mapping[str, Mapping[str, float]]  # ... at these features
     models: Mapping[str, CostModel]
     free_memory: dict[str, float | None]  # each backend's, read once per view
     at: float
+    judged: dict[str, Prediction] = field(default_factory=dict)  # the predictions, their regions judged once
+
+    def prediction(self, key: str) -> Prediction:
+        """The model's alone, its trust region judged (each costs a new problem's plan 3-4 us on the VM)."""
+        found = self.judged.get(key)
+        if found is None:
+            found = self.judged[key] = _judged(self.models.get(key), self.features.get(key, {}),
+                                               self.seconds[key] or 0.0)
+        return found
+
+    @property
+    def predictions(self) -> dict[str, Prediction]:
+        return {key: self.prediction(key) for key in self.seconds}
 
 
 def recent_free_memory() -> dict[str, float | None]:
@@ -208,14 +225,17 @@ def _view(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], only: Se
         return cached
     base = planner.expected_work(spec, problem, nominal)
     free_memory = recent_free_memory()
-    predictions, models = {}, {}
+    seconds, features, models = {}, {}, {}
     for name in implementations(spec):
         if only is not None and name not in only:
             continue
-        predictions[name], fitted = _model_prediction(spec, problem, name, base)
-        if fitted is not None:
-            models[name] = fitted
-    view = _View(base, predictions, models, free_memory, time.monotonic())
+        fitted = planner.model(spec, name)
+        if fitted is None:
+            seconds[name] = None
+            continue
+        features[name] = model_features(spec, problem, name, base)
+        seconds[name], models[name] = max(fitted.seconds(features[name]), 0.0), fitted
+    view = _View(base, seconds, features, models, free_memory, time.monotonic())
     if len(planner.views) > VIEWS_KEPT:
         planner.views.clear()
     planner.views[key] = view
@@ -228,7 +248,7 @@ def model_prediction(spec: SolverSpec, problem: Any, nominal: Mapping[str, float
     expected work it assumed where that differs from the nominal, from the view a known problem's calls
     reuse: the prediction a call naming a backend with a single variant carries (it needs no plan)."""
     view = _view(spec, problem, nominal, (key,))
-    return view.predictions[key], {name: value for name, value in view.base.items() if value != nominal.get(name)}
+    return view.prediction(key), {name: value for name, value in view.base.items() if value != nominal.get(name)}
 
 
 @accepts_planner
@@ -267,7 +287,18 @@ def plan_problem(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], e
     predictions: dict[str, Prediction] = {}
     excluded: dict[str, str] = {}
     candidates: dict[str, _Candidate] = {}
-    for key, model in view.predictions.items():
+    beyond: list[str] = []
+    reaching = margin is None and not explain  # a plan that only decides may leave out what is beyond reach
+    # the cheapest models first, those with runs here before them (runs can take one under its model), so that
+    # one beyond reach of the cheapest so far is known before anything else about it is looked up
+    for key in sorted(view.seconds, key=lambda k: (not _ran_here(race, k), view.seconds[k] or 0.0)):
+        seconds = view.seconds[key]
+        if reaching and seconds is not None and not _ran_here(race, key) \
+                and _beyond_reach(seconds, view.models[key], candidates.values()):
+            predictions[key] = _unjudged(view.models[key], seconds)
+            beyond.append(key)
+            continue
+        model = view.prediction(key)
         why = exclusion(spec, problem, key, view.free_memory)
         if why:  # it cannot run: its model's word stands, with no one-off or runs of it to weigh
             predictions[key], excluded[key] = model, why
@@ -280,6 +311,8 @@ def plan_problem(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], e
         candidates[key] = _Candidate(prediction, prediction.seconds + one_off / calls, prediction.error,
                                      backends[backend_of(key)].simplicity,
                                      planner.one_off_at_stake(spec, key, problem) if one_off else 0.0)
+    predictions = {key: predictions[key] for key in view.seconds}  # in the plugin's order, as listed
+    candidates = {key: candidates[key] for key in view.seconds if key in candidates}
     if not candidates:
         reasons = "; ".join(f"{b}: {why}" for b, why in excluded.items()) or "no backends"
         raise AutoSelectionError(f"no backend can run {spec.name} here ({reasons})")
@@ -297,8 +330,35 @@ def plan_problem(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], e
     if warning:  # say it in the plan too, so `crossover plan` warns before `crossover run` refuses
         reason = f"{reason}; WARNING: {warning}"
     return Plan(solver=spec.name, backend=chosen, reason=reason, predictions=predictions, excluded=excluded,
-                break_even=thresholds, measure=to_measure, close=close, expected_calls=calls, confident=confident,
+                beyond=tuple(beyond), break_even=thresholds, measure=to_measure, close=close, expected_calls=calls,
+                confident=confident,
                 expected_work={name: value for name, value in view.base.items() if value != nominal.get(name)})
+
+
+def _ran_here(race: Any, key: str) -> bool:
+    return race is not None and bool(race.warm.get(key) or race.cold.get(key))
+
+
+def _beyond_reach(seconds: float, fitted: CostModel, weighed: Iterable[_Candidate]) -> bool:
+    """Whether an implementation that has not run here, predicted at ``seconds`` by ``fitted``, lies beyond every
+    use a plan or its loop has for it: slower than the cheapest candidate weighed so far by more than any
+    margin, and by more than the two errors either way that make a candidate close or let the loop try it.
+    Its error is taken as an extrapolation's (its trust region is not judged), the other as the largest of
+    any candidate weighed (the cheapest's, whichever it turns out to be).
+
+    Such an implementation's trust region, exclusions, one-offs and
+    stakes are not looked up, nor is it raced (``Plan.beyond``): a new
+    problem's first call pays for every candidate it weighs, and on the
+    H200 host linreg's small problems (numba at 0.06 ms, torch:graph 5x
+    that, eager and compile 40-100x, numpy 3x) paid 0.47-0.58 ms over
+    their kernels on call 1, against 0.15 for a first call naming numba.
+    """
+    weighed = list(weighed)
+    if not weighed:
+        return False
+    cheapest = min(c.cost for c in weighed)
+    spread = math.hypot(max(fitted.relative_error, EXTRAPOLATED_ERROR), max(c.error for c in weighed))
+    return seconds > cheapest * max(1 + AT_STAKE_MARGIN, math.exp(OVERLAP * spread))
 
 
 def _margins(candidates: Mapping[str, _Candidate], best: str, margin: float | None) -> dict[str, float]:
