@@ -29,6 +29,13 @@ problem that has run warm here predicts it from those runs (status
 ``measured``, error from their spread). ``measure`` lists the close
 candidates whose one-offs are paid, for ``planning="measure"``.
 
+**What is beyond reach is not weighed.** A plan made only to decide
+(``core.solve``'s: ``explain=False``) leaves out an implementation its
+model puts slower than the cheapest candidate by more than any margin and
+two errors either way (:func:`_beyond_reach`, ``Plan.beyond``): it could be
+neither chosen nor close nor tried, so its trust region, exclusions and
+one-offs are not looked up.
+
 **Expected work.** Where a solver's work depends on convergence, the
 features are the work similar problems were seen to do
 (:meth:`~core.costmodel.planner.Planner.expected_work`), and the plan shows
