@@ -43,8 +43,9 @@ class Plan:
     reason: str
     predictions: Mapping[str, Prediction] = field(default_factory=dict)
     excluded: Mapping[str, str] = field(default_factory=dict)
-    # runnable, but beyond reach of the cheapest by their models (core.costmodel.plan._beyond_reach): not weighed
-    # (their one-offs unpriced) nor raced; core.plan (explain) weighs every one
+    # beyond reach of the cheapest by their models (core.costmodel.plan._beyond_reach), left out by a plan made only
+    # to decide: their exclusions, trust regions and one-offs not looked up, never raced; core.plan (explain) weighs
+    # every one
     beyond: tuple[str, ...] = ()
     break_even: tuple = ()
     # not confident, and the problem will run again: time these candidates once on it
