@@ -227,7 +227,21 @@ def test_a_far_slower_implementation_is_left_beyond_reach_and_not_raced(clean):
     result = core.solve(GridProblem(1_000, 10), solver=spec.name, expected_calls=math.inf)
     assert result.backend == "serial" and result.plan.beyond == ("pool",)
     assert result.plan.predictions["pool"].seconds == pytest.approx(5e-3)
-    assert "pool" not in result.plan.excluded  # it may run: it is only not weighed
+    assert "pool" not in result.plan.excluded  # not checked: it is only not weighed
+
+
+def test_the_truth_never_times_what_a_plan_left_beyond_reach_unchecked_and_cannot_run(clean):
+    from core.costmodel.evaluate import worth_timing
+
+    spec, = _install(_spec("synthetic.far_unsupported", {"serial": _echo, "pool": _echo, "device": _echo},
+                           supports=lambda p, key: "needs m <= 5" if key == "device" and p.m > 5 else ""))
+    _calibrate(spec, "serial", lambda p: 1e-3, GRID)
+    _calibrate(spec, "pool", lambda p: 5e-3, GRID)
+    _calibrate(spec, "device", lambda p: 6e-3, GRID)
+    problem = GridProblem(1_000, 10)
+    decision = core.plan(problem, solver=spec.name, expected_calls=math.inf, explain=False)
+    assert set(decision.beyond) == {"pool", "device"} and not decision.excluded
+    assert worth_timing(decision, {"serial"}, spec, problem) == ["serial", "pool"]
 
 
 # -- when in doubt, measure ------------------------------------------------------------
