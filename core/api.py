@@ -297,9 +297,10 @@ def _settling(key: tuple, step: Step, decision: Plan, race: Any, unlearnt: bool,
     weighs them (one-offs spread, in the loop's conditions as this call's run left them). An unlearnt step keeps
     every contender's band, its model and its backend instead (race.keeps_the_incumbent)."""
     estimated = _estimated(decision, race) if estimated is None else estimated
-    # what the plan left beyond reach still bounds how far the leader's runs may drift before a full plan
-    estimated = {**estimated, **{key: band_of(p.seconds, p.error or 0.0, 0)
-                                 for key, p in _contenders(decision, True).items() if key in decision.beyond}}
+    if decision.beyond:  # what the plan left beyond reach still bounds how far the leader's runs may drift
+        estimated = {**estimated, **{key: band_of(decision.predictions[key].seconds,
+                                                  decision.predictions[key].error or 0.0, 0)
+                                     for key in decision.beyond}}
     used = step.implementation
     own = estimated[used].centre if used in estimated else math.inf
     error = (decision.predictions[used].error or 0.0) if used in decision.predictions else 0.0

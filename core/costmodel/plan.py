@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -296,12 +296,13 @@ def plan_problem(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], e
     candidates: dict[str, _Candidate] = {}
     beyond: list[str] = []
     reaching = margin is None and not explain  # a plan that only decides may leave out what is beyond reach
+    cheapest, widest = math.inf, 0.0  # of the candidates weighed so far: the lowest cost, the largest error
     # the cheapest models first, those with runs here before them (runs can take one under its model), so that
     # one beyond reach of the cheapest so far is known before anything else about it is looked up
     for key in sorted(view.seconds, key=lambda k: (not _ran_here(race, k), view.seconds[k] or 0.0)):
         seconds = view.seconds[key]
         if reaching and seconds is not None and not _ran_here(race, key) \
-                and _beyond_reach(seconds, view.models[key], candidates.values()):
+                and _beyond_reach(seconds, view.models[key], cheapest, widest):
             predictions[key] = _unjudged(view.models[key], seconds)
             beyond.append(key)
             continue
@@ -318,6 +319,7 @@ def plan_problem(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], e
         candidates[key] = _Candidate(prediction, prediction.seconds + one_off / calls, prediction.error,
                                      backends[backend_of(key)].simplicity,
                                      planner.one_off_at_stake(spec, key, problem) if one_off else 0.0)
+        cheapest, widest = min(cheapest, candidates[key].cost), max(widest, candidates[key].error or 0.0)
     predictions = {key: predictions[key] for key in view.seconds}  # in the plugin's order, as listed
     candidates = {key: candidates[key] for key in view.seconds if key in candidates}
     if not candidates:
@@ -346,12 +348,12 @@ def _ran_here(race: Any, key: str) -> bool:
     return race is not None and bool(race.warm.get(key) or race.cold.get(key))
 
 
-def _beyond_reach(seconds: float, fitted: CostModel, weighed: Iterable[_Candidate]) -> bool:
+def _beyond_reach(seconds: float, fitted: CostModel, cheapest: float, widest: float) -> bool:
     """Whether an implementation that has not run here, predicted at ``seconds`` by ``fitted``, lies beyond every
-    use a plan or its loop has for it: slower than the cheapest candidate weighed so far by more than any
-    margin, and by more than the two errors either way that make a candidate close or let the loop try it.
-    Its error is taken as an extrapolation's (its trust region is not judged), the other as the largest of
-    any candidate weighed (the cheapest's, whichever it turns out to be).
+    use a plan or its loop has for it: slower than the ``cheapest`` cost of the candidates weighed so far by
+    more than any margin, and by more than the two errors either way that make a candidate close or let the
+    loop try it. Its error is taken as an extrapolation's (its trust region is not judged), the other as the
+    ``widest`` of any candidate weighed (the cheapest's, whichever it turns out to be).
 
     Such an implementation's trust region, exclusions, one-offs and
     stakes are not looked up, nor is it raced (``Plan.beyond``): a new
@@ -360,11 +362,7 @@ def _beyond_reach(seconds: float, fitted: CostModel, weighed: Iterable[_Candidat
     that, eager and compile 40-100x, numpy 3x) paid 0.47-0.58 ms over
     their kernels on call 1, against 0.15 for a first call naming numba.
     """
-    weighed = list(weighed)
-    if not weighed:
-        return False
-    cheapest = min(c.cost for c in weighed)
-    spread = math.hypot(max(fitted.relative_error, EXTRAPOLATED_ERROR), max(c.error for c in weighed))
+    spread = math.hypot(max(fitted.relative_error, EXTRAPOLATED_ERROR), widest)
     return seconds > cheapest * max(1 + AT_STAKE_MARGIN, math.exp(OVERLAP * spread))
 
 
