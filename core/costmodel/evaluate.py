@@ -344,13 +344,13 @@ SLOWER_THAN_BEST = 20.0  # an implementation predicted this many times slower th
 ALWAYS_TIMED_SECONDS = 0.5  # ... unless it is predicted to take less than this
 
 
-def worth_timing(decision: Any, used: set[str], spec: Any = None, problem: Any = None) -> list[str]:
+def worth_timing(decision: Any, used: set[str], spec: Any, problem: Any) -> list[str]:
     """The implementations timed for the truth: every runnable one, less those predicted far slower.
 
     What the loop's plan left beyond reach (``Plan.beyond``) was never
-    checked for exclusions, so with the ``spec`` and ``problem`` it is
-    checked here: the truth must not time an implementation that cannot
-    run the problem (unsupported, unavailable, or short of memory).
+    checked for exclusions, so it is checked here on ``spec`` and
+    ``problem``: the truth must not time an implementation that cannot run
+    the problem (unsupported, unavailable, or short of memory).
 
     Timing numpy on a problem 4x beyond the quick space's top twelve times
     took minutes per row on the H200 host, to confirm a 100x loss no
@@ -359,7 +359,7 @@ def worth_timing(decision: Any, used: set[str], spec: Any = None, problem: Any =
     under :data:`ALWAYS_TIMED_SECONDS`) are always timed.
     """
     runnable = [key for key in decision.predictions if key not in decision.excluded
-                and not (key in decision.beyond and (spec is None or exclusion(spec, problem, key)))]
+                and not (key in decision.beyond and exclusion(spec, problem, key))]
     predicted = {key: decision.predictions[key].seconds for key in runnable}
     fastest = min((s for s in predicted.values() if s is not None), default=None)
     return [key for key in runnable if key in used or key == decision.backend or predicted[key] is None

@@ -79,12 +79,7 @@ class CostModel:
 
     def predict(self, features: Mapping[str, float]) -> tuple[float, bool]:
         """Predicted seconds, and whether the features lie outside the fitted region."""
-        phi = [float(features.get(name, 0.0)) for name in self.feature_names]
-        seconds = self.intercept + sum(map(operator.mul, self.coefficients, phi))
-        region = self._region
-        if region is None:  # ranges over other names than the model's (a hand-made model)
-            return seconds, self.extrapolated(features)
-        return seconds, _outside(phi, *region)
+        return self.seconds(features), self.outside(features)
 
     def seconds(self, features: Mapping[str, float]) -> float:
         """Predicted seconds alone (a plan judges the region only of the implementations within its reach)."""
