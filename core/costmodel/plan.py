@@ -141,12 +141,14 @@ class _Candidate:
     at_stake: float = 0.0  # the largest one-off its run here may pay (Planner.one_off_at_stake)
 
 
-def _judged(fitted: CostModel | None, features: Mapping[str, float], seconds: float) -> Prediction:
+def _judged(fitted: CostModel | None, features: Mapping[str, float], seconds: float,
+            regions: dict[tuple, bool] | None = None) -> Prediction:
     """What the implementation's model alone predicts (no one-off, no runs of this problem), its trust region
-    judged: ``seconds`` is its prediction at ``features``."""
+    judged (``regions``: the problem's judgements so far, CostModel.outside): ``seconds`` is its prediction at
+    ``features``."""
     if fitted is None:
         return Prediction(None, "uncalibrated")
-    status = "extrapolated" if fitted.outside(features) else fitted.status
+    status = "extrapolated" if fitted.outside(features, regions) else fitted.status
     error = max(MIN_ERROR, fitted.relative_error)
     if status != "calibrated":
         error = max(error, EXTRAPOLATED_ERROR)
@@ -184,13 +186,14 @@ class _View:
     free_memory: dict[str, float | None]  # each backend's, read once per view
     at: float
     judged: dict[str, Prediction] = field(default_factory=dict)  # the predictions, their regions judged once
+    regions: dict[tuple, bool] = field(default_factory=dict)  # ... by region and point (CostModel.outside)
 
     def prediction(self, key: str) -> Prediction:
         """The model's alone, its trust region judged (each costs a new problem's plan 3-4 us on the VM)."""
         found = self.judged.get(key)
         if found is None:
             found = self.judged[key] = _judged(self.models.get(key), self.features.get(key, {}),
-                                               self.seconds[key] or 0.0)
+                                               self.seconds[key] or 0.0, self.regions)
         return found
 
     @property
@@ -233,10 +236,7 @@ def _view(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], only: Se
     base = planner.expected_work(spec, problem, nominal)
     free_memory = recent_free_memory()
     seconds, features, models = {}, {}, {}
-    for name in implementations(spec):
-        if only is not None and name not in only:
-            continue
-        fitted = planner.model(spec, name)
+    for name, fitted in _roster(spec, only):
         if fitted is None:
             seconds[name] = None
             continue
@@ -247,6 +247,27 @@ def _view(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], only: Se
         planner.views.clear()
     planner.views[key] = view
     return view
+
+
+def _roster(spec: SolverSpec, only: Sequence[str] | None) -> tuple[tuple[str, CostModel | None], ...]:
+    """The implementations a plan weighs (of ``only``, where given) and their models, in the plugin's order: the
+    same for every problem until a model or a calibration changes (the planner's epoch), the stored timings are
+    read again (a flush merges the file: each model then checks its entry) or a backend registers.
+
+    Looking each model up per problem (its entry in the store, its
+    signature, whether a refit is due) cost a new problem's view 1.1 us an
+    implementation on the VM, a sixth of a small problem's first plan; a
+    refit that falls due bumps the epoch, so the next view looks again.
+    """
+    planner = current()
+    stored = planner.stored()
+    key = ("roster", spec.name, tuple(only) if only is not None else None, planner.epoch,
+           tuple(get_registry().backends))
+    found = planner.views.get(key)
+    if found is None or found[0] is not stored:
+        found = planner.views[key] = (stored, tuple((name, planner.model(spec, name)) for name in implementations(spec)
+                                                    if only is None or name in only))
+    return found[1]
 
 
 def model_prediction(spec: SolverSpec, problem: Any, nominal: Mapping[str, float],
@@ -311,14 +332,14 @@ def plan_problem(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], e
         if why:  # it cannot run: its model's word stands, with no one-off or runs of it to weigh
             predictions[key], excluded[key] = model, why
             continue
-        one_off = planner.one_off(spec, key, problem, model.seconds)
+        one_off, at_stake = planner.one_offs(spec, key, problem, model.seconds)
         prediction = predictions[key] = _with_runs(model, race.warm.get(key, []) if race else [], one_off)
         if prediction.seconds is None:  # no model, and no warm run of this problem either
             excluded[key] = "uncalibrated on this machine (run `crossover calibrate`)"
             continue
         candidates[key] = _Candidate(prediction, prediction.seconds + one_off / calls, prediction.error,
                                      backends[backend_of(key)].simplicity,
-                                     planner.one_off_at_stake(spec, key, problem) if one_off else 0.0)
+                                     at_stake)
         cheapest, widest = min(cheapest, candidates[key].cost), max(widest, candidates[key].error or 0.0)
     predictions = {key: predictions[key] for key in view.seconds}  # in the plugin's order, as listed
     candidates = {key: candidates[key] for key in view.seconds if key in candidates}

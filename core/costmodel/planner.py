@@ -507,7 +507,11 @@ class Planner:
         per size, a contender was never worth a trial; charged nothing, a
         trial on a 7 ms problem paid 338 ms unforeseen.
         """
-        owed = self._owed_slot(spec, implementation, problem)
+        return self._owed_one_off(spec, implementation, problem, self._owed_slot(spec, implementation, problem),
+                                  run_seconds)
+
+    def _owed_one_off(self, spec: SolverSpec, implementation: str, problem: Any,
+                      owed: tuple[dict[str, Any], bool] | None, run_seconds: float | None) -> float:
         if owed is None:
             return 0.0
         slot, new_shape = owed
@@ -555,16 +559,18 @@ class Planner:
         shapes) and 351 ms at 7.7M samples in another process, where
         torch:graph's captures never took over 15 ms.
         """
+        return _at_stake(self.backend_one_off(backend_of(implementation)),
+                         self._owed_slot(spec, implementation, problem))
+
+    def one_offs(self, spec: SolverSpec, implementation: str, problem: Any,
+                 run_seconds: float | None = None) -> tuple[float, float]:
+        """What a run of ``implementation`` on ``problem`` would still pay here (:meth:`one_off`), and the most it
+        may pay (:meth:`one_off_at_stake`; 0 where it owes nothing), from one look at the store and the paid shapes:
+        a plan asks both of every candidate, and each look was 1.5 us of a small problem's first plan on the VM."""
         backend = self.backend_one_off(backend_of(implementation))
         owed = self._owed_slot(spec, implementation, problem)
-        if owed is None:
-            return backend
-        slot, new_shape = owed
-        if not new_shape:
-            return backend + float(slot.get("one_off_seconds", 0.0))
-        seen = [float(pair[0]) for pair in slot.get("shape_one_off_pairs", [])]
-        return backend + max(seen + list(slot.get("shape_one_off_observations", [])),
-                             default=float(slot["shape_one_off_seconds"]))
+        due = backend + self._owed_one_off(spec, implementation, problem, owed, run_seconds)
+        return due, (_at_stake(backend, owed) if due else 0.0)
 
     def has_run(self, spec: SolverSpec, implementation: str) -> bool:
         """Whether the implementation has run in this process, at any shape (its whole one-off is paid)."""
@@ -1007,6 +1013,18 @@ def _median(values: list[float]) -> float:
 _MISSING = object()
 FITS_KEPT = 256
 _FITS_LOCK = threading.Lock()
+
+
+def _at_stake(backend: float, owed: tuple[Mapping[str, Any], bool] | None) -> float:
+    """:meth:`Planner.one_off_at_stake` from the backend's unpaid start and the slot still owed (Planner._owed_slot)."""
+    if owed is None:
+        return backend
+    slot, new_shape = owed
+    if not new_shape:
+        return backend + float(slot.get("one_off_seconds", 0.0))
+    seen = [float(pair[0]) for pair in slot.get("shape_one_off_pairs", [])]
+    return backend + max(seen + list(slot.get("shape_one_off_observations", [])),
+                         default=float(slot["shape_one_off_seconds"]))
 
 
 def _shared(cache: dict[tuple, T], key: tuple, make: Callable[[], T]) -> T:
