@@ -214,7 +214,9 @@ def test_what_a_deciding_plan_leaves_beyond_reach_changes_no_decision(clean, see
             assert not full.beyond
             assert (deciding.backend, deciding.close, deciding.confident) == (full.backend, full.close, full.confident)
             for key in deciding.beyond:
-                assert key not in full.close and deciding.predictions[key].status == "beyond"
+                # not judged, or judged as the full plan judges it
+                assert key not in full.close
+                assert deciding.predictions[key].status in ("beyond", full.predictions[key].status)
                 assert deciding.predictions[key].seconds > 1.25 * full.predictions[full.backend].seconds
             left_out += len(deciding.beyond)
     assert left_out  # the draws leave some out: the comparison is not vacuous
@@ -228,6 +230,26 @@ def test_a_far_slower_implementation_is_left_beyond_reach_and_not_raced(clean):
     assert result.backend == "serial" and result.plan.beyond == ("pool",)
     assert result.plan.predictions["pool"].seconds == pytest.approx(5e-3)
     assert "pool" not in result.plan.excluded  # not checked: it is only not weighed
+
+
+def test_a_calibrated_model_is_left_beyond_reach_by_its_judged_error(clean):
+    """Within an extrapolation's reach but far beyond the cheapest by its own error: judged, then left out, its
+    exclusions never looked up; the same implementation extrapolating stays a candidate."""
+    asked = []
+
+    def supports(problem, key):
+        asked.append(key)
+        return ""
+
+    spec, = _install(_spec("synthetic.judged_far", {"serial": _echo, "pool": _echo}, supports=supports))
+    _calibrate(spec, "serial", lambda p: 1e-3, GRID)
+    _calibrate(spec, "pool", lambda p: 2e-3, GRID)  # 2x: inside exp(2 * 50 %), far outside exp(2 * 2 %)
+    inside = core.plan(GridProblem(1_000, 10), solver=spec.name, expected_calls=math.inf, explain=False)
+    assert inside.backend == "serial" and inside.beyond == ("pool",)
+    assert inside.predictions["pool"].status == "calibrated" and asked == ["serial"]
+    far = GridProblem(max(p.n for p in GRID) * 10, 10)  # off the calibrated span: both extrapolate
+    outside = core.plan(far, solver=spec.name, expected_calls=math.inf, explain=False)
+    assert outside.predictions["pool"].status == "extrapolated" and not outside.beyond
 
 
 def test_the_truth_never_times_what_a_plan_left_beyond_reach_unchecked_and_cannot_run(clean):

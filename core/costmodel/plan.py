@@ -322,12 +322,20 @@ def plan_problem(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], e
     # one beyond reach of the cheapest so far is known before anything else about it is looked up
     for key in sorted(view.seconds, key=lambda k: (not _ran_here(race, k), view.seconds[k] or 0.0)):
         seconds = view.seconds[key]
-        if reaching and seconds is not None and not _ran_here(race, key) \
-                and _beyond_reach(seconds, view.models[key], cheapest, widest):
+        unraced = reaching and seconds is not None and not _ran_here(race, key)
+        if unraced and _beyond_reach(seconds, max(view.models[key].relative_error, EXTRAPOLATED_ERROR),
+                                     cheapest, widest):
             predictions[key] = _unjudged(view.models[key], seconds)
             beyond.append(key)
             continue
         model = view.prediction(key)
+        if unraced and _beyond_reach(seconds, model.error or 0.0, cheapest, widest):
+            # beyond reach by its judged error (no extrapolation's): on the H200 host linreg's numpy, at 2.2x
+            # numba on small problems and calibrated to 5 %, was a candidate whose exclusions and one-offs each
+            # first call looked up, a fifth of what a plan costs there after a large problem's run
+            predictions[key] = model
+            beyond.append(key)
+            continue
         why = exclusion(spec, problem, key, view.free_memory)
         if why:  # it cannot run: its model's word stands, with no one-off or runs of it to weigh
             predictions[key], excluded[key] = model, why
@@ -369,21 +377,23 @@ def _ran_here(race: Any, key: str) -> bool:
     return race is not None and bool(race.warm.get(key) or race.cold.get(key))
 
 
-def _beyond_reach(seconds: float, fitted: CostModel, cheapest: float, widest: float) -> bool:
-    """Whether an implementation that has not run here, predicted at ``seconds`` by ``fitted``, lies beyond every
-    use a plan or its loop has for it: slower than the ``cheapest`` cost of the candidates weighed so far by
-    more than any margin, and by more than the two errors either way that make a candidate close or let the
-    loop try it. Its error is taken as an extrapolation's (its trust region is not judged), the other as the
-    ``widest`` of any candidate weighed (the cheapest's, whichever it turns out to be).
+def _beyond_reach(seconds: float, error: float, cheapest: float, widest: float) -> bool:
+    """Whether an implementation that has not run here, predicted at ``seconds`` to within ``error``, lies beyond
+    every use a plan or its loop has for it: slower than the ``cheapest`` cost of the candidates weighed so far
+    by more than any margin, and by more than the two errors either way that make a candidate close or let the
+    loop try it. Its ``error`` is an extrapolation's where its trust region is not yet judged, else its
+    prediction's; the other is the ``widest`` of any candidate weighed (the cheapest's, whichever it turns out
+    to be).
 
-    Such an implementation's trust region, exclusions, one-offs and
-    stakes are not looked up, nor is it raced (``Plan.beyond``): a new
+    Such an implementation's exclusions, one-offs and stakes are not
+    looked up (nor its trust region, where the extrapolation's error
+    already puts it beyond), nor is it raced (``Plan.beyond``): a new
     problem's first call pays for every candidate it weighs, and on the
     H200 host linreg's small problems (numba at 0.06 ms, torch:graph 5x
     that, eager and compile 40-100x, numpy 3x) paid 0.47-0.58 ms over
     their kernels on call 1, against 0.15 for a first call naming numba.
     """
-    spread = math.hypot(max(fitted.relative_error, EXTRAPOLATED_ERROR), widest)
+    spread = math.hypot(error, widest)
     return seconds > cheapest * max(1 + AT_STAKE_MARGIN, math.exp(OVERLAP * spread))
 
 
