@@ -734,6 +734,47 @@ def test_a_short_loop_is_judged_by_the_median_of_its_runs_and_a_slow_first_call_
     assert min(row.loop_ratio for row in slow.rows) > 1.5, [row.loop_ratios for row in slow.rows]
 
 
+
+def test_a_short_loop_whose_plan_weighed_a_compile_it_never_paid_runs_again_from_the_state_it_met(clean):
+    """A plan that weighs a per-shape compile its loop never pays (the loop runs serial) runs again with the shape
+    the truth compiled since set aside: the repeats plan as the first run did and run what it ran, and the
+    shape stays paid after them."""
+    seen: set = set()
+    (spec,) = _install(_spec("synthetic.owed", {"serial": _sleeper(1e-3),
+                                                "device": _sleeper(3e-3, first_per_shape=0.02, seen=seen)},
+                             compile_key=lambda p, key: (p.n, p.m) if key == "device" else ()))
+    _calibrate(spec, "serial", lambda p: 1e-3, GRID)
+    _calibrate(spec, "device", lambda p: 1.1e-3, GRID, one_off=0.02)  # near enough to be weighed, owing a compile
+    report = evaluate(spec.name, count=3, repeats=1, calls=3)
+    for row in report.rows:
+        assert row.calls == ["serial"] * 3 and row.predicted["device"][1] != "beyond"
+        assert len(row.loop_ratios) == len(row.repeat_calls) + 1 >= 3, row.loop_ratios
+        assert all(ran == row.calls for ran in row.repeat_calls)
+        assert current().is_paid(spec, "device", GridProblem(**row.params))  # the truth's compile is kept
+
+
+def test_a_repeat_that_runs_otherwise_than_the_first_run_leaves_the_first_run_alone(monkeypatch):
+    """Where the plan weighed unpaid one-offs, a repeat that runs another implementation met another state:
+    none of the repeats count, and the first run alone judges the loop."""
+    from types import SimpleNamespace as Run
+
+    from core.costmodel import evaluate as evaluation
+
+    def loops(first_repeats):
+        ran = iter(first_repeats)
+
+        def run_loop(spec, problem, calls, backend="auto", planning="race", primer=None):
+            keys = next(ran) if backend == "auto" else [backend] * calls
+            return None, [Run(backend=key, seconds=1e-3, diagnostics={}) for key in keys], [1.2e-3] * calls
+
+        monkeypatch.setattr(evaluation, "run_loop", run_loop)
+        return evaluation.repeat_pairs(None, None, None, "serial", {"serial": 1.0, "device": 1.5}, 3, None, 1e-3,
+                                       evaluation.paid_now(), ["serial"] * 3)
+
+    same = loops([["serial"] * 3] * evaluation.LOOP_REPEATS)
+    assert len(same) == evaluation.LOOP_REPEATS - 1 and all(ratio == pytest.approx(1.0) for ratio, _, _ in same)
+    assert loops([["serial"] * 3, ["serial", "device", "serial"]] + [["serial"] * 3] * 9) == []
+
 def test_the_informed_baseline_runs_the_best_in_the_state_of_each_loop_call():
     from types import SimpleNamespace as Run
 

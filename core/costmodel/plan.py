@@ -34,7 +34,9 @@ candidates whose one-offs are paid, for ``planning="measure"``.
 model puts slower than the cheapest candidate by more than any margin and
 two errors either way (:func:`_beyond_reach`, ``Plan.beyond``): it could be
 neither chosen nor close nor tried, so its trust region, exclusions and
-one-offs are not looked up.
+one-offs are not looked up. Its error is taken as an extrapolation's; one
+within that reach is judged, and left out too if its judged error still
+puts it beyond (then only its exclusions and one-offs go unread).
 
 **Expected work.** Where a solver's work depends on convergence, the
 features are the work similar problems were seen to do
