@@ -734,7 +734,6 @@ def test_a_short_loop_is_judged_by_the_median_of_its_runs_and_a_slow_first_call_
     assert min(row.loop_ratio for row in slow.rows) > 1.5, [row.loop_ratios for row in slow.rows]
 
 
-
 def test_a_short_loop_whose_plan_weighed_a_compile_it_never_paid_runs_again_from_the_state_it_met(clean):
     """A plan that weighs a per-shape compile its loop never pays (the loop runs serial) runs again with the shape
     the truth compiled since set aside: the repeats plan as the first run did and run what it ran, and the
@@ -774,6 +773,7 @@ def test_a_repeat_that_runs_otherwise_than_the_first_run_leaves_the_first_run_al
     same = loops([["serial"] * 3] * evaluation.LOOP_REPEATS)
     assert len(same) == evaluation.LOOP_REPEATS - 1 and all(ratio == pytest.approx(1.0) for ratio, _, _ in same)
     assert loops([["serial"] * 3, ["serial", "device", "serial"]] + [["serial"] * 3] * 9) == []
+
 
 def test_the_informed_baseline_runs_the_best_in_the_state_of_each_loop_call():
     from types import SimpleNamespace as Run

@@ -258,7 +258,7 @@ def _roster(spec: SolverSpec, only: Sequence[str] | None) -> tuple[tuple[str, Co
 
     Looking each model up per problem (its entry in the store, its
     signature, whether a refit is due) cost a new problem's view 1.1 us an
-    implementation on the VM, a sixth of a small problem's first plan; a
+    implementation on the VM, a tenth of a small problem's first plan; a
     refit that falls due bumps the epoch, so the next view looks again.
     """
     planner = current()
@@ -332,9 +332,9 @@ def plan_problem(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], e
             continue
         model = view.prediction(key)
         if unraced and _beyond_reach(seconds, model.error or 0.0, cheapest, widest):
-            # beyond reach by its judged error (no extrapolation's): on the H200 host linreg's numpy, at 2.2x
-            # numba on small problems and calibrated to 5 %, was a candidate whose exclusions and one-offs each
-            # first call looked up, a fifth of what a plan costs there after a large problem's run
+            # beyond reach by its own error once judged (a model good to a few per cent, at twice the cheapest):
+            # its exclusions and one-offs are not looked up either, each some microseconds of every new
+            # problem's first call, and tens after a large problem's run has left the caches cold
             predictions[key] = model
             beyond.append(key)
             continue
