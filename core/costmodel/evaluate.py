@@ -36,7 +36,7 @@ import gc
 import math
 import statistics
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -543,7 +543,7 @@ def repeatable(decision: Any, results: list[Any], then: PaidThen | None = None) 
 
 def repeat_pairs(spec: Any, problem: Any, baseline: Any, best: str, relative: Mapping[str, float], calls: int,
                  primer: Any, first_seconds: float, then: PaidThen | None = None,
-                 first_calls: list[str] | None = None) -> list[tuple[float, list[Any], list[float]]]:
+                 first_calls: Sequence[str] = ()) -> list[tuple[float, list[Any], list[float]]]:
     """The loop and the calls naming the best run again, alternately, each on a fresh planner: each run's ratio
     (:func:`informed_walls`), its loop's Results and their wall times; up to :data:`LOOP_REPEATS` runs in all, within
     :data:`REPEAT_SECONDS`.
@@ -566,13 +566,13 @@ def repeat_pairs(spec: Any, problem: Any, baseline: Any, best: str, relative: Ma
     would, so none of the repeats count then, and the first run alone
     judges the loop.
     """
-    replica = then is not None and first_calls is not None  # a plan that weighed unpaid one-offs, run as then
+    replica = then is not None  # a plan that weighed unpaid one-offs, run as then
     found: list[tuple[float, list[Any], list[float]]] = []
     spent = first_seconds
     while len(found) + 1 < LOOP_REPEATS and spent + first_seconds <= REPEAT_SECONDS:
         with paid_as(then) if replica else contextlib.nullcontext():
             _, results, walls = run_loop(spec, problem, calls, primer=primer)
-        if replica and ([r.backend for r in results] != first_calls
+        if replica and ([r.backend for r in results] != list(first_calls)
                         or any(r.diagnostics.get("first_call") for r in results)):
             return []
         _, named, named_walls = run_loop(spec, baseline, calls, backend=best, planning="estimate", primer=primer)
@@ -686,9 +686,8 @@ def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, r
         hold_inputs(baseline)  # again: a plugin may keep only its latest inputs (ml's synthetic data keeps two)
         _, named, named_walls = run_loop(spec, baseline, calls, backend=best, planning="estimate", primer=earlier)
         best_walls = informed_walls(results, named, named_walls, best, ratios)
-        owed = weighed_one_offs(decision)
         again = repeat_pairs(spec, problem, baseline, best, ratios, calls, earlier, sum(walls) + sum(named_walls),
-                             then if owed else None, [r.backend for r in results] if owed else None) \
+                             then if weighed_one_offs(decision) else None, [r.backend for r in results]) \
             if repeatable(decision, results + named, then) else []
         report.rows.append(EvaluationRow(
             size=float(getattr(problem, spec.size_axis)), params=_params(problem, fields), seconds=seconds,

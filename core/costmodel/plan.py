@@ -322,9 +322,10 @@ def plan_problem(spec: SolverSpec, problem: Any, nominal: Mapping[str, float], e
     cheapest, widest = math.inf, 0.0  # of the candidates weighed so far: the lowest cost, the largest error
     # the cheapest models first, those with runs here before them (runs can take one under its model), so that
     # one beyond reach of the cheapest so far is known before anything else about it is looked up
-    for key in sorted(view.seconds, key=lambda k: (not _ran_here(race, k), view.seconds[k] or 0.0)):
+    ran = {key for key in view.seconds if _ran_here(race, key)}
+    for key in sorted(view.seconds, key=lambda k: (k not in ran, view.seconds[k] or 0.0)):
         seconds = view.seconds[key]
-        unraced = reaching and seconds is not None and not _ran_here(race, key)
+        unraced = reaching and seconds is not None and key not in ran
         if unraced and _beyond_reach(seconds, max(view.models[key].relative_error, EXTRAPOLATED_ERROR),
                                      cheapest, widest):
             predictions[key] = _unjudged(view.models[key], seconds)

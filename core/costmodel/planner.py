@@ -198,7 +198,7 @@ class Planner:
         self._last_flush = 0.0
         self.epoch = 0  # bumped when a model or a calibration changes: cached views (plan.py) are then stale
         self.fits = 0  # models fitted (or refitted) here: a plan that fitted one is no measure of planning
-        self.views: dict[tuple, Any] = {}  # plan.py's cached views of the models, by problem and epoch
+        self.views: dict[tuple, Any] = {}  # plan.py's cached views of the models, by problem and epoch, and rosters
         self.calibration_checked: dict[str, int] = {}  # calibrate.ensure_calibrated's, by solver: the epoch
 
     @classmethod
