@@ -27,7 +27,9 @@ The rule, pinned by ``tests/test_online_loop.py`` and stated in
    themselves (their standard deviation, at least :data:`MIN_SPREAD`, once
    there are :data:`SPREAD_AFTER`; until then :data:`SAMPLE_SPREAD`). The
    estimate is their precision-weighted mean, and its band is plus or
-   minus ``OVERLAP`` of its own standard error. A sample over
+   minus ``OVERLAP`` of its own standard error; with no warm sample yet,
+   a cold run under the model caps it (a cold run pays more, never less:
+   :func:`bounded_by_its_first_run`). A sample over
    :data:`OUTLIER_RATIO` times the median of the others is set aside, and
    so is a lone sample above its model's band, until a second run
    confirms it (run at once, in the same call, when another contender's
@@ -656,7 +658,7 @@ def first_trial(finite: Mapping[str, Band], race: Race, first: str, calls_left: 
     """
     if race.calls < 1 or not exploring_call(race.calls + 1) or race.explored >= EXPLORE_AT_MOST or first not in finite:
         return None
-    top = bounded_by_its_first_run(finite[first], race.cold.get(first))
+    top = finite[first]  # capped by its first run already (next_step: bounded_by_its_first_run)
     horizon = payback_calls(calls_left, race.calls)
     worth = [key for key in finite if key != first and not owed.get(key)
              and worth_trying(finite[key], top, horizon, 2 * replanning)]
@@ -664,16 +666,19 @@ def first_trial(finite: Mapping[str, Band], race: Race, first: str, calls_left: 
 
 
 def bounded_by_its_first_run(band: Band, cold: list[float] | None) -> Band:
-    """The pick's estimate for call 2's trial, capped by its first run where that ran under it.
+    """An estimate with no warm run behind it, capped by its fastest cold run where that ran under it.
 
-    A first call is no warm sample: it pays what later ones do not (the
-    problem's first touch, a one-off), never less. So a first run under
-    the pick's model bounds its warm time, as a trial under its model
-    scales its family (:func:`in_the_loops_conditions`): on the VM a linreg
-    fit's numba:threads, modelled at 32 ms at the top of the quick space,
-    ran its first call in 20.5 ms, and call 2 tried numba:serial (modelled
-    and measured at 39 ms) against the model: 1.31x the calls naming the
-    best.
+    A cold run (a first call, one that paid a one-off) is no warm sample:
+    it pays what later ones do not (the problem's first touch, a one-off),
+    never less. So a cold run under a model bounds the warm time, as a
+    trial under its model scales its family (:func:`in_the_loops_conditions`):
+    on the VM a linreg fit's numba:threads, modelled at 32 ms at the top of
+    the quick space, ran its first call in 20.5 ms, and call 2 tried
+    numba:serial (modelled and measured at 39 ms) against the model: 1.31x
+    the calls naming the best. Call 3 weighs it too (:func:`next_step`): a
+    random walk's numba, modelled at 43.8 ms, ran its first call in 38.4;
+    call 2 tried the pool (modelled at 40.4 ms, a run at 40), and call 3
+    kept the pool over numba's bare model, 20 % slower than numba (the VM).
     """
     if not cold or not 0 < min(cold) < band.centre:
         return band
@@ -686,7 +691,8 @@ def next_step(estimated: Mapping[str, Band], race: Race, first: str, calls_left:
     """The implementation this call runs.
 
     ``estimated`` maps each contender to its :func:`estimate` (one-offs
-    still owed spread over the expected calls); ``first`` is the plan's
+    still owed spread over the expected calls), which a cold run under it
+    caps where there is no warm one (:func:`bounded_by_its_first_run`); ``first`` is the plan's
     pick, which wins ties and runs when nothing can be estimated;
     ``calls_left`` is how many calls of this problem are still expected,
     this one included; ``owed`` each contender's unpaid one-off that its
@@ -694,7 +700,8 @@ def next_step(estimated: Mapping[str, Band], race: Race, first: str, calls_left:
     full plan costs: a trial makes the next call plan in full, where a
     settled loop reuses its step (:func:`settled_step`).
     """
-    finite = {key: band for key, band in estimated.items() if math.isfinite(band.centre) and band.centre > 0}
+    finite = {key: band if band.samples else bounded_by_its_first_run(band, race.cold.get(key))
+              for key, band in estimated.items() if math.isfinite(band.centre) and band.centre > 0}
     if not any(band.samples for band in finite.values()):  # the models alone: their pick, margin and all
         contested = first in finite and any(band.low < finite[first].centre
                                             for key, band in finite.items() if key != first)
