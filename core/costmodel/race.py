@@ -101,8 +101,9 @@ EXTRAPOLATED_ERROR = 0.5  # an extrapolated prediction's relative error (the pla
 EXPLORE_HORIZON = 10  # calls after a trial over which its expected gain is counted (a longer loop re-checks anyway)
 PAYBACK_FLOOR = 3  # ... and never more calls than the problem has run so far, nor fewer than this
 # The share of a model's miss on a problem that another backend's model shares (in log time): the slope of one
-# backend's log(measured / predicted) on another's, over the same problems, in 530 evaluations on record
-# (docs/results, both machines, every solver): 0.35 across backends, 0.73 within one (rule 6 scales those fully).
+# backend's log(measured / predicted) on another's, over the same problems, in 449 evaluations on record (5,731
+# problems in docs/results, both machines, every solver): 0.35 across backends, 0.73 within one (rule 6 scales those
+# fully).
 # A miss past OUTLIER_RATIO is the implementation's own (a drift, a slow spell): the others' median share there
 # was 1.1-1.2x, within their own bands
 CROSS_SHARE = 0.35
