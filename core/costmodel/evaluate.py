@@ -520,6 +520,10 @@ def weighed_one_offs(decision: Any) -> bool:
     return any(p.one_off_seconds for p in decision.predictions.values())
 
 
+def paid_a_one_off(results: list[Any]) -> bool:
+    return any(r.diagnostics.get("first_call") for r in results)
+
+
 def repeatable(decision: Any, results: list[Any], then: PaidThen | None = None) -> bool:
     """Whether a loop run again on a fresh planner meets the state its first run met: no call of the loop or of
     the calls naming the best paid a one-off, and where its plan weighed unpaid ones, the shapes paid since
@@ -534,7 +538,7 @@ def repeatable(decision: Any, results: list[Any], then: PaidThen | None = None) 
     where the loops that were repeated scored medians of 1.16-1.27x over
     runs that spread 0.4x.
     """
-    if any(r.diagnostics.get("first_call") for r in results):
+    if paid_a_one_off(results):
         return False
     if not weighed_one_offs(decision):
         return True
@@ -572,8 +576,7 @@ def repeat_pairs(spec: Any, problem: Any, baseline: Any, best: str, relative: Ma
     while len(found) + 1 < LOOP_REPEATS and spent + first_seconds <= REPEAT_SECONDS:
         with paid_as(then) if replica else contextlib.nullcontext():
             _, results, walls = run_loop(spec, problem, calls, primer=primer)
-        if replica and ([r.backend for r in results] != list(first_calls)
-                        or any(r.diagnostics.get("first_call") for r in results)):
+        if replica and ([r.backend for r in results] != list(first_calls) or paid_a_one_off(results)):
             return []
         _, named, named_walls = run_loop(spec, baseline, calls, backend=best, planning="estimate", primer=primer)
         found.append((sum(walls) / sum(informed_walls(results, named, named_walls, best, relative)), results, walls))
@@ -686,9 +689,10 @@ def _evaluate(spec: Any, report: Evaluation, problems: list[Any], quick: bool, r
         hold_inputs(baseline)  # again: a plugin may keep only its latest inputs (ml's synthetic data keeps two)
         _, named, named_walls = run_loop(spec, baseline, calls, backend=best, planning="estimate", primer=earlier)
         best_walls = informed_walls(results, named, named_walls, best, ratios)
+        replica = then if weighed_one_offs(decision) else None  # repeats must run as then (repeat_pairs)
         again = repeat_pairs(spec, problem, baseline, best, ratios, calls, earlier, sum(walls) + sum(named_walls),
-                             then if weighed_one_offs(decision) else None, [r.backend for r in results]) \
-            if repeatable(decision, results + named, then) else []
+                             replica, [r.backend for r in results]) \
+            if repeatable(decision, results + named, replica) else []
         report.rows.append(EvaluationRow(
             size=float(getattr(problem, spec.size_axis)), params=_params(problem, fields), seconds=seconds,
             chosen=decision.backend, best=best, regret=ratios[decision.backend] / ratios[best] - 1,

@@ -253,12 +253,12 @@ def keeps_the_incumbent(own: Band, bands: Mapping[str, Band], models: Mapping[st
     # by the part of a miss they share (shared_part)
     runs, model = race.warm.get(incumbent), models.get(incumbent)
     factor = conditions_factor(runs, model, own.centre) if runs and model and model > 0 else 1.0
-    family = families[incumbent]
+    family, others = families[incumbent], shared_part(factor)
     missed = model_missed((model, model_error), runs or []) if model else False
     for key, band in bands.items():
         if key == incumbent:
             continue
-        scale = 1.0 if band.samples else factor if families[key] == family else shared_part(factor)
+        scale = 1.0 if band.samples else factor if families[key] == family else others
         if not band.high * scale > own.centre:
             return False
         if band.centre * scale < own.low and (missed or relative_error(band) >= EXTRAPOLATED_ERROR):
