@@ -146,6 +146,7 @@ def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[s
     planner.start_backend(get_registry().backends[backend_of(implementation)])
     first = not planner.is_paid(spec, implementation, problem)
     shape_only = first and planner.has_run(spec, implementation)  # a new shape of an implementation run here
+    cached = shape_only and planner.compiled_here(spec, implementation, problem)  # ... that a disk cache kept
     cold = first and planner.implementation_one_off(spec, implementation, problem) > 0
     overlapped = warming()  # a background warm-up (tier_up) shares the cores with this run
     # with no calibration to say what a first run owes, the loop does not take it as warm either: an
@@ -174,7 +175,7 @@ def _run(spec: SolverSpec, implementation: str, problem: Any, nominal: Mapping[s
         predicted, extrapolated = fitted.predict(model_features(spec, problem, implementation))
         if not extrapolated:
             planner.record_one_off(spec, implementation, max(0.0, seconds - predicted), shape=shape_only,
-                                   run_seconds=max(0.0, predicted))
+                                   run_seconds=max(0.0, predicted), cached=cached)
     return outputs, seconds, cold
 
 

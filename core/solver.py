@@ -112,6 +112,11 @@ class SolverSpec:
       converge); a real solve's history sample uses it instead of ``features``.
     - ``compile_key(problem, implementation)``: for variants that compile per
       shape, the shape; a one-off cost is then charged once per key.
+    - ``compile_cached``: the implementations whose compiles at a key a disk
+      cache keeps for later processes on the same machine (Triton's kernel
+      cache): a key compiled here before costs a later process only what
+      such first runs were measured to cost, not a compile. Needs
+      ``compile_key``.
     - ``default_problem()`` is what ``crossover demo`` runs, and
       ``summarize(problem, outputs)`` the line it prints. ``version`` keys
       this solver's stored timings ("0": the plugin's distribution version).
@@ -134,6 +139,7 @@ class SolverSpec:
     implementation_features: Mapping[str, Callable[[Mapping[str, float]], Mapping[str, float]]] = field(
         default_factory=dict)
     compile_key: Callable[[Any, str], Hashable] | None = None
+    compile_cached: frozenset[str] = frozenset()
     work_done: Callable[[Any, Outputs], Mapping[str, float]] | None = None
     summarize: Callable[[Any, Outputs], str] = field(default=lambda problem, outputs: f"{len(outputs)} outputs")
     description: str = ""
@@ -208,6 +214,11 @@ def check_spec(spec: object, plugin_name: str) -> SolverSpec:
         raise PluginError(f"{where} thread_items names {', '.join(unknown)}, which are not its implementations")
     if spec.thread_items and spec.span_feature is None:
         raise PluginError(f"{where} thread_items needs a span_feature, the work the threads share")
+    unknown = sorted(set(spec.compile_cached) - set(spec.implementations))
+    if unknown:
+        raise PluginError(f"{where} compile_cached names {', '.join(unknown)}, which are not its implementations")
+    if spec.compile_cached and spec.compile_key is None:
+        raise PluginError(f"{where} compile_cached needs a compile_key, what a compile is cached by")
     _check_implementation_features(spec, features, where)
     return spec
 

@@ -70,6 +70,10 @@ def test_a_good_spec_passes():
      "plugin 'tp': solver 'thirdparty.job' thread_items names numba:threads, which are not its implementations"),
     ({"thread_items": {"numpy": lambda p: 1.0}},
      "plugin 'tp': solver 'thirdparty.job' thread_items needs a span_feature, the work the threads share"),
+    ({"compile_cached": frozenset({"torch:fused"}), "compile_key": lambda p, key: ()},
+     "plugin 'tp': solver 'thirdparty.job' compile_cached names torch:fused, which are not its implementations"),
+    ({"compile_cached": frozenset({"numpy"})},
+     "plugin 'tp': solver 'thirdparty.job' compile_cached needs a compile_key, what a compile is cached by"),
     ({"implementation_features": {"numba:graph": lambda f: {"eager": 1.0}}},
      "plugin 'tp': solver 'thirdparty.job' implementation_features names numba:graph, which are not its "
      "implementations"),

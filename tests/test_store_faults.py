@@ -659,8 +659,24 @@ def test_a_record_whose_time_stamp_or_work_fields_are_malformed_is_dropped(fault
     assert history.model(KEPT, "numpy") is not None
 
 
+@pytest.mark.parametrize("keys", [{"a": 1}, ["(3,)", 3], "(3,)"])
+def test_a_malformed_list_of_compiled_shapes_is_dropped_alone(keys, fresh_registry, empty_cache):
+    """The shapes this machine compiled (Planner.compiled_here) are a list of strings: anything else is dropped
+    as the store is read, and says so, and the pair's timings stay (a cached compile is charged as a new one)."""
+    document = valid_document()
+    document["solvers"]["faults.kept"]["backends"]["numpy"]["compiled_keys"] = keys
+    empty_cache.mkdir(parents=True, exist_ok=True)
+    (empty_cache / "wisdom.json").write_text(json.dumps(document))
+    history.forget()
+    with pytest.warns(wisdom.WisdomWarning, match="compiled_keys"):
+        slot = history.stored()["solvers"]["faults.kept"]["backends"]["numpy"]
+    assert "compiled_keys" not in slot and len(slot["calibration"]) == 3
+    assert history.model(KEPT, "numpy") is not None
+
+
 @pytest.mark.parametrize("fault", [{"shape_one_off_seconds": -1.0}, {"shape_one_off_seconds": "fast"},
                                    {"shape_one_off_observations": [0.1, float("nan")]},
+                                   {"cached_one_off_observations": [-0.1]},
                                    {"shape_one_off_pairs": [[0.1, 0.01], [0.2]]},
                                    {"shape_one_off_pairs": [[0.1, -0.01]]}, {"shape_one_off_pairs": {"a": 1}}])
 def test_a_malformed_shape_one_off_drops_its_slot(fault, fresh_registry, empty_cache):
@@ -671,5 +687,5 @@ def test_a_malformed_shape_one_off_drops_its_slot(fault, fresh_registry, empty_c
     empty_cache.mkdir(parents=True, exist_ok=True)
     (empty_cache / "wisdom.json").write_text(json.dumps(document))
     history.forget()
-    with pytest.warns(wisdom.WisdomWarning, match="shape_one_off"):
+    with pytest.warns(wisdom.WisdomWarning, match="(shape|cached)_one_off"):
         assert "numpy" not in history.stored()["solvers"]["faults.kept"]["backends"]

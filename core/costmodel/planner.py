@@ -53,6 +53,8 @@ from core.validation import fail
 HISTORY_LIMIT = 200  # solve samples kept per (solver, implementation); calibration samples are kept apart
 FLUSH_INTERVAL = 5.0
 ONE_OFF_KEEP = 9
+COMPILED_KEYS_KEPT = 64  # compile keys remembered per implementation whose compiles a disk cache keeps (compiled_here)
+WHOLE, SHAPE, CACHED = "whole", "shape", "cached"  # what a run still owes here (Planner._owed_slot)
 CALLS_PER_PROCESS = "calls_per_process"  # a solver entry's [process, calls] pairs: how long loops ran before
 PROCESSES_KEPT = 9  # recent processes remembered: the median follows a change of habit within a few scripts
 REFIT_AFTER = 8  # new solve samples that make a pair's model refit (or a quarter of its samples, if more)
@@ -511,22 +513,43 @@ class Planner:
                                   run_seconds)
 
     def _owed_one_off(self, spec: SolverSpec, implementation: str, problem: Any,
-                      owed: tuple[dict[str, Any], bool] | None, run_seconds: float | None) -> float:
+                      owed: tuple[dict[str, Any], str] | None, run_seconds: float | None) -> float:
         if owed is None:
             return 0.0
-        slot, new_shape = owed
-        if new_shape:
+        slot, kind = owed
+        if kind == SHAPE:
             return self._shape_one_off(spec, implementation, problem, slot, run_seconds)
-        return float(slot.get("one_off_seconds", 0.0))
+        return float(slot.get("cached_one_off_seconds" if kind == CACHED else "one_off_seconds", 0.0))
 
-    def _owed_slot(self, spec: SolverSpec, implementation: str, problem: Any) -> tuple[dict[str, Any], bool] | None:
+    def _owed_slot(self, spec: SolverSpec, implementation: str, problem: Any) -> tuple[dict[str, Any], str] | None:
         """The implementation's stored slot where a run on ``problem`` still owes a one-off here (None where this
-        shape is paid), and whether it is a new shape's (the implementation ran at another) rather than the whole.
-        A store from before shapes were measured apart owes the whole one-off at each shape."""
-        if self._paid_key(spec, implementation, problem) in self.process.paid:
+        shape is paid), and what it owes: :data:`WHOLE` (its first run here), :data:`SHAPE` (a new shape after it
+        ran at another) or :data:`CACHED` (a new shape here that a disk cache keeps compiled from an earlier
+        process: :meth:`compiled_here`). A store from before shapes were measured apart owes the whole one-off
+        at each shape."""
+        key = self._paid_key(spec, implementation, problem)
+        if key in self.process.paid:
             return None
         slot = self.entry(spec, implementation) or {}
-        return slot, self.has_run(spec, implementation) and "shape_one_off_seconds" in slot
+        if not (self.has_run(spec, implementation) and "shape_one_off_seconds" in slot):
+            return slot, WHOLE
+        return slot, CACHED if _compiled_in(slot, spec, implementation, key[2]) else SHAPE
+
+    def compiled_here(self, spec: SolverSpec, implementation: str, problem: Any) -> bool:
+        """Whether a run of ``implementation`` on ``problem`` meets a compile that a disk cache keeps from an
+        earlier process on this machine (``SolverSpec.compile_cached``), its shape not yet paid here.
+
+        Triton keeps every kernel it compiles on disk, so a later process
+        loads it: on the H200 host a common-noise problem's first call on
+        ``torch:hjb_fused`` took 7.8 ms at a key calibration had compiled,
+        its warm runs 7.5, where the planner charged the 0.8-2.2 s of a
+        compile, and the plan ran the process pool, 20 % slower, on all
+        three calls; spectra's Triton variants were not tried on 2-spectrum
+        fits they ran 22-32 % faster.
+        """
+        key = self._paid_key(spec, implementation, problem)
+        return (key not in self.process.paid and self.has_run(spec, implementation)
+                and _compiled_in(self.entry(spec, implementation) or {}, spec, implementation, key[2]))
 
     def _shape_one_off(self, spec: SolverSpec, implementation: str, problem: Any, slot: Mapping[str, Any],
                        run_seconds: float | None = None) -> float:
@@ -597,6 +620,19 @@ class Planner:
             self.process.paid.add(key)
             self.process.ran.add((spec.name, implementation))
             self.process.version += 1
+            if implementation in spec.compile_cached:
+                self._note_compiled(spec, implementation, key[2])
+
+    def _note_compiled(self, spec: SolverSpec, implementation: str, shape: Hashable) -> None:
+        """Remember in the store that this machine compiled ``shape`` (:meth:`compiled_here`); a pair not yet
+        stored gets it from :meth:`record_calibration`, which adds the shapes its calibration paid."""
+        def change(data: dict[str, Any]) -> None:
+            entry = data["solvers"].get(spec.name)
+            if entry is not None and entry.get("version") == spec.version and implementation in entry["backends"]:
+                _add_compiled(entry["backends"][implementation], [shape])
+
+        if not _compiled_in(self.entry(spec, implementation) or {}, spec, implementation, shape):
+            self._change(change)
 
     def start_backend(self, backend: Backend) -> float | None:
         """Pay the backend's one-off start in this process (once) and record what it took.
@@ -627,14 +663,18 @@ class Planner:
                                                    "start", seconds))
 
     def record_one_off(self, spec: SolverSpec, implementation: str, seconds: float, shape: bool = False,
-                       run_seconds: float | None = None) -> None:
+                       run_seconds: float | None = None, cached: bool = False) -> None:
         """Add an observed one-off cost (a first call's excess over the model) for a calibrated pair: the whole
         one-off, or with ``shape`` that of a new shape after the implementation had run at another (with
-        ``run_seconds``, the warm run it came with: :meth:`_shape_one_off`)."""
+        ``run_seconds``, the warm run it came with: :meth:`_shape_one_off`); with ``cached`` too, of a shape
+        a disk cache kept compiled (:meth:`compiled_here`), which new shapes' compiles do not learn from."""
         def change(data: dict[str, Any]) -> None:
             entry = data["solvers"].get(spec.name)
             if entry is not None and entry.get("version") == spec.version and implementation in entry["backends"]:
                 slot = entry["backends"][implementation]
+                if shape and cached:
+                    _add_observation(slot, "cached_one_off", seconds)
+                    return
                 _add_observation(slot, "shape_one_off" if shape else "one_off", seconds)
                 if shape and run_seconds is not None:
                     _add_shape_pair(slot, seconds, run_seconds)
@@ -822,9 +862,12 @@ class Planner:
             for seconds, run_seconds in shape_one_offs:
                 _add_observation(slot, "shape_one_off", seconds)
                 _add_shape_pair(slot, seconds, run_seconds)
+            if implementation in spec.compile_cached:  # the shapes this calibration compiled: later processes load them
+                _add_compiled(slot, [shape for *pair, shape in paid if tuple(pair) == (spec.name, implementation)])
             # never measured (the pair had already run in the calibrating process): unknown, charged as 0
             slot.setdefault("one_off_seconds", 0.0)
 
+        paid = list(self.process.paid)
         with self._lock:
             self.flush()
             self._change(change)
@@ -1015,13 +1058,15 @@ FITS_KEPT = 256
 _FITS_LOCK = threading.Lock()
 
 
-def _at_stake(backend: float, owed: tuple[Mapping[str, Any], bool] | None) -> float:
+def _at_stake(backend: float, owed: tuple[Mapping[str, Any], str] | None) -> float:
     """:meth:`Planner.one_off_at_stake` from the backend's unpaid start and the slot still owed (Planner._owed_slot)."""
     if owed is None:
         return backend
-    slot, new_shape = owed
-    if not new_shape:
+    slot, kind = owed
+    if kind == WHOLE:
         return backend + float(slot.get("one_off_seconds", 0.0))
+    if kind == CACHED:  # what such loads were seen to cost (none seen: a load, nothing to speak of)
+        return backend + max(slot.get("cached_one_off_observations", []), default=0.0)
     seen = [float(pair[0]) for pair in slot.get("shape_one_off_pairs", [])]
     return backend + max(seen + list(slot.get("shape_one_off_observations", [])),
                          default=float(slot["shape_one_off_seconds"]))
@@ -1063,6 +1108,22 @@ def _process_calls(entry: Mapping[str, Any]) -> list[tuple[str, int]]:
 
 SHAPE_PAIRS_KEEP = 24  # (one-off, warm run) pairs of new shapes kept per implementation: the line's points
 SHAPE_SPREAD = 4.0  # ... whose warm runs must span this factor before a line through them is trusted
+
+
+def _compiled_in(slot: Mapping[str, Any], spec: SolverSpec, implementation: str, shape: Hashable) -> bool:
+    """Whether the store says this machine compiled ``shape`` of an implementation whose compiles a disk cache
+    keeps (``SolverSpec.compile_cached``)."""
+    return implementation in spec.compile_cached and repr(shape) in slot.get("compiled_keys", ())
+
+
+def _add_compiled(slot: dict[str, Any], shapes: Sequence[Hashable]) -> None:
+    """Remember compiled shapes (their repr: a key of ints, strings and flags, as JSON keeps it), the latest
+    :data:`COMPILED_KEYS_KEPT`."""
+    kept = slot.setdefault("compiled_keys", [])
+    for text in map(repr, shapes):
+        if text not in kept:
+            kept.append(text)
+    del kept[:-COMPILED_KEYS_KEPT]
 
 
 def _add_shape_pair(slot: dict[str, Any], seconds: float, run_seconds: float) -> None:

@@ -435,7 +435,8 @@ def _slot_fault(slot: Any) -> str:
     if not isinstance(pairs, list) or not all(isinstance(pair, list) and len(pair) == 2 and all(map(_is_time, pair))
                                               for pair in pairs):
         return "has shape_one_off_pairs that are not pairs of times"
-    return _observed_fault(slot, "one_off") or _observed_fault(slot, "shape_one_off")
+    return (_observed_fault(slot, "one_off") or _observed_fault(slot, "shape_one_off")
+            or _observed_fault(slot, "cached_one_off"))
 
 
 def _clean_records(slot: dict[str, Any], where: str, dropped: list[str]) -> None:
@@ -465,7 +466,17 @@ def _clean_solver(name: str, entry: Any, dropped: list[str]) -> bool:
             del entry["backends"][implementation]
         else:
             _clean_records(slot, where, dropped)
+            _clean_compiled_keys(slot, where, dropped)
     return True
+
+
+def _clean_compiled_keys(slot: dict[str, Any], where: str, dropped: list[str]) -> None:
+    """Drop a malformed list of the shapes this machine compiled (Planner.compiled_here) alone: without it a
+    cached compile is charged as a new one, and the pair's timings are kept."""
+    keys = slot.get("compiled_keys", [])
+    if not isinstance(keys, list) or not all(isinstance(key, str) for key in keys):
+        dropped.append(f"{where} compiled_keys (not a list of strings)")
+        del slot["compiled_keys"]
 
 
 def _clean_backend(name: str, section: Any, dropped: list[str]) -> bool:

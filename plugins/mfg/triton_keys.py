@@ -23,6 +23,11 @@ from plugins.mfg.fp.fixed_point import fixed_point_unsupported
 from plugins.mfg.fp.layout import histogram_bins
 from plugins.mfg.hjb.layout import block_size, scratch_elements, warps
 
+# Triton keeps what it compiles on disk (its cache directory), so a key compiled on this machine is loaded by a
+# later process, not compiled again (SolverSpec.compile_cached): the variants whose keys are Triton's alone
+CACHED_ON_DISK = frozenset({"torch:fused"})  # mfg.fp_particle's and mfg.hjb_fdm's
+COUPLED_CACHED_ON_DISK = frozenset({"torch:hjb_host", "torch:hjb_device", "torch:hjb_fused", "torch:resident"})
+
 
 def specialised(*values: int) -> tuple[tuple[bool, bool], ...]:
     """What Triton compiles integer arguments for: each one's being 1, and 16 dividing it."""

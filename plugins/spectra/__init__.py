@@ -81,6 +81,9 @@ SPEC = SolverSpec(
     parallel=lazy("plugins.spectra.solve", "solve_parallel"),
     parallel_tasks=lambda problem: float(len(_chunks(problem.n_spectra))),
     compile_key=lambda problem, implementation: _compile_key(problem, implementation),
+    # the Triton variants' keys are Triton's compiles, which its disk cache keeps for later processes; the pool's
+    # (its workers' templates and designs) are paid again by every process's workers
+    compile_cached=frozenset({"torch:fused", "torch:graph"}),
     span_feature="template_iterations",
     # numba:threads shares the batch's spectra among Numba's threads (solve_numba)
     thread_items={"numba:threads": lambda problem: float(problem.n_spectra)},
