@@ -547,9 +547,8 @@ class Planner:
         three calls; spectra's Triton variants were not tried on 2-spectrum
         fits they ran 22-32 % faster.
         """
-        key = self._paid_key(spec, implementation, problem)
-        return (key not in self.process.paid and self.has_run(spec, implementation)
-                and _compiled_in(self.entry(spec, implementation) or {}, spec, implementation, key[2]))
+        owed = self._owed_slot(spec, implementation, problem)
+        return owed is not None and owed[1] == CACHED
 
     def _shape_one_off(self, spec: SolverSpec, implementation: str, problem: Any, slot: Mapping[str, Any],
                        run_seconds: float | None = None) -> float:
