@@ -746,3 +746,34 @@ def test_a_shape_a_disk_cache_kept_owes_a_later_process_only_what_such_loads_cos
     owed = history.entry(plain, "device:compiled")["shape_one_off_seconds"]
     assert owed > 0.01
     assert history.implementation_one_off(plain, "device:compiled", GridProblem(compiled[1], 10)) == owed
+
+
+def test_a_calibration_after_another_learns_no_compile_from_the_shapes_that_one_compiled(clean):
+    """A second calibration on the machine loads what the first compiled (Triton's disk cache): its warm-ups'
+    excesses at those shapes are loads, kept apart, and the shape's compile the first measured stands."""
+    from core.costmodel.calibrate import calibrate_solver
+
+    disk: set = set()
+
+    def run(problem):
+        if problem.n not in seen:
+            time.sleep(0.0 if problem.n in disk else 0.05)
+            seen.add(problem.n)
+            disk.add(problem.n)
+        return {"n": np.array(problem.n)}
+
+    seen: set = set()
+    (spec,) = _install(_spec("synthetic.recalibrated", {"device:compiled": run, "serial": _echo},
+                             compile_key=lambda p, key: (p.n,) if key == "device:compiled" else (),
+                             compile_cached=frozenset({"device:compiled"})))
+    calibrate_solver(spec, quick=True, budget=2.0)
+    first = dict(history.entry(spec, "device:compiled"))
+    assert first["shape_one_off_seconds"] > 0.01 and "cached_one_off_observations" not in first
+    facts = history.current().process
+    facts.paid.clear()  # a new process: nothing has run here, the disk cache stays
+    facts.ran.clear()
+    seen.clear()
+    calibrate_solver(spec, quick=True, budget=2.0)
+    again = history.entry(spec, "device:compiled")
+    assert again["shape_one_off_observations"] == first["shape_one_off_observations"]
+    assert again["cached_one_off_observations"] and again["cached_one_off_seconds"] < 0.01

@@ -89,6 +89,8 @@ class BackendCalibration:
     warm_up_excess: float = 0.0
     # the warm-ups' excesses at each new shape after its first run here (SolverSpec.compile_key): a shape's one-off
     shape_one_offs: list[tuple[float, float]] = field(default_factory=list)  # (one-off, warm run) at a new shape
+    # ... and at a shape a disk cache kept compiled from an earlier process (Planner.compiled_here): a load
+    cached_one_offs: list[float] = field(default_factory=list)
 
 
 class CalibrationInterrupted(KeyboardInterrupt):
@@ -308,7 +310,8 @@ def _store(spec: SolverSpec, climb: _Climb) -> int:
         return len(stored)
     merged = store.merge_calibration(stored, climb.records)
     details = safe_describe(get_registry().backends[backend_of(key)])
-    history.record_calibration(spec, key, merged, climb.row.one_off_seconds, details, climb.row.shape_one_offs)
+    history.record_calibration(spec, key, merged, climb.row.one_off_seconds, details, climb.row.shape_one_offs,
+                               climb.row.cached_one_offs)
     return len(merged)
 
 
@@ -346,6 +349,8 @@ def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: floa
             return
     # a shape this implementation has not run at, after its first run here: the warm-up pays a shape's one-off
     new_shape = not first_run[key] and spec.compile_key is not None and not history.is_paid(spec, key, problem)
+    # a calibration after another on this machine loads what that one compiled: no shape's compile to learn from
+    cached = new_shape and history.compiled_here(spec, key, problem)
     began, paused_before = time.perf_counter(), _paused[0]
     try:
         warm_up, timed, outputs = measure_outputs(spec, key, problem, repeats)
@@ -366,6 +371,8 @@ def _measure_one(spec: SolverSpec, problem: Any, climb: _Climb, sample_cap: floa
     if first_run[key]:
         first_run[key] = False
         climb.row.one_off_seconds = excess
+    elif cached:
+        climb.row.cached_one_offs.append(excess)
     elif new_shape:
         climb.row.shape_one_offs.append((excess, seconds))
     history.mark_paid(spec, key, problem)

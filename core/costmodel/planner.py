@@ -842,7 +842,8 @@ class Planner:
 
     def record_calibration(self, spec: SolverSpec, implementation: str, records: list[dict[str, Any]],
                            one_off_seconds: float | None, details: Mapping[str, Any],
-                           shape_one_offs: Sequence[tuple[float, float]] = ()) -> None:
+                           shape_one_offs: Sequence[tuple[float, float]] = (),
+                           cached_one_offs: Sequence[float] = ()) -> None:
         """Store the pair's calibration samples, merged by :func:`~core.costmodel.store.merge_calibration`
         (and its one-off cost, when measured) now."""
         def change(data: dict[str, Any]) -> None:
@@ -861,6 +862,8 @@ class Planner:
             for seconds, run_seconds in shape_one_offs:
                 _add_observation(slot, "shape_one_off", seconds)
                 _add_shape_pair(slot, seconds, run_seconds)
+            for seconds in cached_one_offs:  # shapes an earlier calibration compiled, loaded (compiled_here)
+                _add_observation(slot, "cached_one_off", seconds)
             if implementation in spec.compile_cached:  # the shapes this calibration compiled: later processes load them
                 _add_compiled(slot, [shape for *pair, shape in paid if tuple(pair) == (spec.name, implementation)])
             # never measured (the pair had already run in the calibrating process): unknown, charged as 0
