@@ -214,6 +214,10 @@ def check_spec(spec: object, plugin_name: str) -> SolverSpec:
         raise PluginError(f"{where} thread_items names {', '.join(unknown)}, which are not its implementations")
     if spec.thread_items and spec.span_feature is None:
         raise PluginError(f"{where} thread_items needs a span_feature, the work the threads share")
+    if isinstance(spec.compile_cached, str) or not all(isinstance(key, str) for key in spec.compile_cached):
+        # a bare string would be read letter by letter, and "in" would match any substring of it
+        raise PluginError(f"{where} compile_cached must be a set of implementation keys, got "
+                          f"{type(spec.compile_cached).__name__} {spec.compile_cached!r}")
     unknown = sorted(set(spec.compile_cached) - set(spec.implementations))
     if unknown:
         raise PluginError(f"{where} compile_cached names {', '.join(unknown)}, which are not its implementations")

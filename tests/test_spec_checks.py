@@ -72,6 +72,11 @@ def test_a_good_spec_passes():
      "plugin 'tp': solver 'thirdparty.job' thread_items needs a span_feature, the work the threads share"),
     ({"compile_cached": frozenset({"torch:fused"}), "compile_key": lambda p, key: ()},
      "plugin 'tp': solver 'thirdparty.job' compile_cached names torch:fused, which are not its implementations"),
+    ({"compile_cached": "numpy", "compile_key": lambda p, key: ()},
+     "plugin 'tp': solver 'thirdparty.job' compile_cached must be a set of implementation keys, got str 'numpy'"),
+    ({"compile_cached": frozenset({1}), "compile_key": lambda p, key: ()},
+     "plugin 'tp': solver 'thirdparty.job' compile_cached must be a set of implementation keys, got frozenset "
+     "frozenset({1})"),
     ({"compile_cached": frozenset({"numpy"})},
      "plugin 'tp': solver 'thirdparty.job' compile_cached needs a compile_key, what a compile is cached by"),
     ({"implementation_features": {"numba:graph": lambda f: {"eager": 1.0}}},
