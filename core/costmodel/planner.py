@@ -671,7 +671,7 @@ class Planner:
             entry = data["solvers"].get(spec.name)
             if entry is not None and entry.get("version") == spec.version and implementation in entry["backends"]:
                 slot = entry["backends"][implementation]
-                if shape and cached:
+                if cached:  # a shape's load, which a new shape's compile does not learn from
                     _add_observation(slot, "cached_one_off", seconds)
                     return
                 _add_observation(slot, "shape_one_off" if shape else "one_off", seconds)
@@ -865,11 +865,11 @@ class Planner:
             for seconds in cached_one_offs:  # shapes an earlier calibration compiled, loaded (compiled_here)
                 _add_observation(slot, "cached_one_off", seconds)
             if implementation in spec.compile_cached:  # the shapes this calibration compiled: later processes load them
-                _add_compiled(slot, [shape for *pair, shape in paid if tuple(pair) == (spec.name, implementation)])
+                _add_compiled(slot, compiled)
             # never measured (the pair had already run in the calibrating process): unknown, charged as 0
             slot.setdefault("one_off_seconds", 0.0)
 
-        paid = list(self.process.paid)
+        compiled = [key[2] for key in self.process.paid if key[:2] == (spec.name, implementation)]
         with self._lock:
             self.flush()
             self._change(change)
